@@ -1,0 +1,91 @@
+"""The root config schema and the registration of every config node with Hydra.
+
+``register_configs(plugins)`` stores ``base_train`` (the schema the primary
+config ``conf/train.yaml`` starts from) and one node per registered backend
+(``backend/<name>``) and runtime (``runtime/<name>``), so an installed plugin's
+option exists without anyone editing ``conf/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from core.errors import PluginError
+from core.gateway.config import GatewayConfig
+from core.plugins.manager import Plugins
+from core.trainer.config import AlgorithmConfig, TaskConfig, TrainerConfig
+
+CONFIG_MODULE = "core.conf"
+"""Python package holding the YAML configs (the repository's ``conf/``)."""
+PRIMARY_CONFIG = "train"
+VERSION_BASE = "1.3"
+
+
+@dataclass
+class TrainConfig:
+    """Schema of the composed config of ``python -m core.train``."""
+
+    seed: int = 0
+    """Seed for data order, sampling and model initialisation."""
+    run_dir: str = MISSING
+    """Where metrics, checkpoints and the report go (default under ``outputs/``)."""
+    backend: Any = MISSING
+    """The ``backend/<name>`` node a plugin registered; has at least ``name``."""
+    runtime: Any = MISSING
+    """The ``runtime/<name>`` node; has at least ``name``."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and loss."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Data and agent."""
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    """The token-capturing gateway."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop length, sizes and guards."""
+
+
+def _node(name: str, kind: str, config: Any) -> DictConfig:
+    if dataclasses.is_dataclass(config):
+        node = OmegaConf.structured(config)
+    elif isinstance(config, dict | DictConfig):
+        node = OmegaConf.create(config)
+    else:
+        raise PluginError(
+            f"{kind} {name!r}: config must be a dataclass or a dict, got {type(config).__name__}"
+        )
+    declared = node.get("name") if "name" in node else None
+    if declared is None or OmegaConf.is_missing(node, "name"):
+        OmegaConf.set_struct(node, False)
+        node.name = name
+        OmegaConf.set_struct(node, True)
+    elif declared != name:
+        raise PluginError(
+            f"{kind} {name!r} ships a config whose name is {declared!r}; they must match"
+        )
+    return node
+
+
+def register_configs(plugins: Plugins) -> None:
+    """Store the schema and every plugin's backend/runtime node in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_train", node=TrainConfig, provider="tracerl")
+    for spec in plugins.backends:
+        origin = plugins.backends.origin(spec.name)
+        cs.store(
+            group="backend",
+            name=spec.name,
+            node=_node(spec.name, "backend", spec.config),
+            provider=origin.distribution or origin.plugin,
+        )
+    for rspec in plugins.runtimes:
+        origin = plugins.runtimes.origin(rspec.name)
+        cs.store(
+            group="runtime",
+            name=rspec.name,
+            node=_node(rspec.name, "runtime", rspec.config),
+            provider=origin.distribution or origin.plugin,
+        )

@@ -1,0 +1,103 @@
+"""``python -m core.train``: compose the config and train with the chosen backend.
+
+Plugins are loaded and their config nodes registered *before* Hydra composes,
+so ``backend=<name>`` works for any installed plugin, and an unknown or
+missing backend fails with a message naming the installed ones (and the
+``pip install`` for an in-tree one) instead of Hydra's generic error.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, PluginError, TracerlError
+
+_GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime)=(?P<value>[^\s]+)$")
+
+
+def _default_choice(group: str) -> str | None:
+    """The default option of ``group`` in the primary config's defaults list."""
+    from omegaconf import OmegaConf
+
+    import core.conf
+
+    primary = Path(core.conf.__file__).parent / "train.yaml"
+    for entry in OmegaConf.load(primary).get("defaults", []):
+        if isinstance(entry, dict | type(OmegaConf.create({}))) and group in entry:
+            return str(entry[group])
+    return None
+
+
+def requested_choices(argv: list[str]) -> dict[str, str]:
+    """Which backend and runtime the command line (or the defaults) select."""
+    chosen: dict[str, str] = {}
+    for arg in argv:
+        match = _GROUP_OVERRIDE.match(arg)
+        if match:
+            chosen[match.group(1)] = match.group("value")
+    for group in ("backend", "runtime"):
+        if group not in chosen:
+            default = _default_choice(group)
+            if default is not None:
+                chosen[group] = default
+    return chosen
+
+
+def _run(cfg: Any, plugins: Any) -> int:
+    spec = plugins.backend(str(cfg.backend.name))
+    if spec.kind == "driving":
+        backend = spec.factory(cfg)
+        return int(backend.run(cfg))
+    from core.trainer import run_training
+
+    return run_training(cfg, plugins)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from core.config import CONFIG_MODULE, PRIMARY_CONFIG, VERSION_BASE, register_configs
+    from core.plugins import load_plugins
+
+    try:
+        plugins = load_plugins()
+        register_configs(plugins)
+        choices = requested_choices(argv)
+        if "backend" in choices:
+            plugins.backend(choices["backend"])
+        if "runtime" in choices:
+            plugins.runtime(choices["runtime"])
+    except (ConfigError, PluginError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    import hydra
+
+    result: dict[str, int] = {}
+
+    @hydra.main(
+        config_path=f"pkg://{CONFIG_MODULE}",
+        config_name=PRIMARY_CONFIG,
+        version_base=VERSION_BASE,
+    )
+    def _hydra_entry(cfg: Any) -> None:
+        try:
+            result["code"] = _run(cfg, plugins)
+        except TracerlError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            result["code"] = 1
+
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "core.train", *argv]
+    try:
+        _hydra_entry()
+    finally:
+        sys.argv = saved_argv
+    return result.get("code", 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

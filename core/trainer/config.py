@@ -1,0 +1,94 @@
+"""Config schemas of the training loop: ``trainer``, ``algorithm`` and ``task``.
+
+Hydra type-checks overrides against these dataclasses (stored as
+``base_train`` by ``core.config.register_configs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainerConfig:
+    """How long and how big each step is, and the run's guards."""
+
+    max_steps: int = 300
+    """Optimizer steps to run (a resumed run continues up to this count)."""
+    batch_size: int = 16
+    """Prompts (dataset rows) per step."""
+    group_size: int = 16
+    """Rollouts per prompt (the GRPO group size K)."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only at the end, when an eval set is given)."""
+    eval_size: int = 64
+    """Most eval rows per evaluation."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    resume: bool = False
+    """Continue from the last checkpoint in ``run_dir``."""
+    max_failure_rate: float = 0.5
+    """Abort when more than this fraction of a step's rollouts fail."""
+    canary: bool = True
+    """Run one rollout before training to prove the agent reaches the gateway."""
+    rollout_timeout_s: float = 120.0
+    """Deadline of one rollout."""
+    max_concurrent_rollouts: int = 256
+    """Most rollouts in flight at once."""
+    progress: bool = True
+    """Show progress bars."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and the loss (GRPO by default)."""
+
+    name: str = "grpo"
+    """Algorithm name (informational)."""
+    loss: str = "ppo"
+    """Loss passed to ``forward_backward``: cross_entropy, importance_sampling, ppo or cispo."""
+    loss_config: dict[str, float] = field(
+        default_factory=lambda: {"clip_low": 0.2, "clip_high": 0.2}
+    )
+    """Loss settings forwarded to the backend."""
+    normalize_std: bool = True
+    """Divide group-centred rewards by the group's standard deviation."""
+    exclude_failed: bool = True
+    """Drop failed rollouts from their group instead of scoring them 0.0."""
+    learning_rate: float = 1e-3
+    """Adam step size."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.999
+    """Adam beta2."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    grad_clip_norm: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    temperature: float = 1.0
+    """Sampling temperature during training rollouts."""
+    eval_temperature: float = 0.0
+    """Sampling temperature during evaluation."""
+    max_tokens: int = 8
+    """Most tokens the model may generate per turn."""
+
+
+@dataclass
+class TaskConfig:
+    """The data and the agent that turns a payload into a reward."""
+
+    name: str = "succ_digit"
+    """Task name (informational)."""
+    train_path: str = ""
+    """JSONL or Parquet file with a ``payload`` field/column; empty uses ``generator``."""
+    eval_path: str = ""
+    """Optional eval set, same format."""
+    generator: str = ""
+    """``module:function`` that writes the data set when no path is given (toy tasks)."""
+    generator_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments passed to ``generator``."""
+    agent: str = ""
+    """The agent app as ``module:attribute`` (an ``core.agent.AgentApp``)."""
+    agent_env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for agent processes."""

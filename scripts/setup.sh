@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install tracerl, its in-tree plugins and (with "test") the test tools into
+# the current Python environment. Idempotent: a second run installs nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIP="python -m pip install --disable-pip-version-check -q"
+# The CPU build of torch first: a bare `torch` requirement would pull a CUDA build.
+$PIP "torch==2.13.0"
+EXTRAS=""
+if [[ "${1:-}" == "test" ]]; then EXTRAS="[test]"; fi
+$PIP -e ".${EXTRAS}" -e plugins/local
