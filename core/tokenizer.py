@@ -1,0 +1,154 @@
+"""Tokenizers: loading a model's tokenizer, and building a tiny one offline.
+
+Defines:
+
+- ``CHATML_TOOLS_TEMPLATE``: a Qwen3-style ChatML chat template with tool
+  support (``<tool_call>`` JSON blocks, ``<tool_response>`` turns), so the
+  gateway's Hermes/Qwen3 tool parser works on tiny models too.
+- ``build_tiny_tokenizer``: a small byte-level BPE trained offline and
+  deterministically with the ``tokenizers`` library, wrapped as a
+  ``PreTrainedTokenizerFast`` carrying that template. Nothing is downloaded.
+- ``load_tokenizer``: ``"tiny"`` or a Hugging Face name/path.
+
+transformers and tokenizers are imported inside the functions so that
+``import core`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+
+# Qwen3-style: the same shape as Qwen3's template (system + "# Tools" block,
+# <tool_call> JSON per call, tool results as <tool_response> in a user turn),
+# without the reasoning-content handling a tiny model never needs.
+CHATML_TOOLS_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if message.content %}{{- message.content }}{%- endif %}"
+    "{%- if message.tool_calls %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if (loop.first and message.content) or (not loop.first) %}{{- '\\n' }}{%- endif %}"
+    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}"
+    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
+    "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_ASCII = "".join(chr(c) for c in range(32, 127)) + "\n\t"
+
+
+def default_corpus() -> list[str]:
+    """Rendered chats a tiny tokenizer is trained on: digits, short phrases, tool calls.
+
+    Every printable ASCII character appears, so any ASCII text encodes even
+    without a full byte alphabet; merges favour the chat scaffolding so
+    prompts stay short (about 20 tokens for a toy question).
+    """
+    texts = [_ASCII]
+    for n in range(10):
+        texts.append(
+            f"{IM_START}system\nSay the next digit.{IM_END}\n"
+            f"{IM_START}user\nAfter {n}?{IM_END}\n{IM_START}assistant\n{(n + 1) % 10}{IM_END}\n"
+        )
+        texts.append(
+            f"{IM_START}user\nCopy: {n}{IM_END}\n{IM_START}assistant\n{n}{IM_END}\n"
+        )
+    call = {"name": "calculator", "arguments": {"expression": "12 * 7"}}
+    texts.append(
+        f"{IM_START}assistant\n<tool_call>\n{json.dumps(call)}\n</tool_call>{IM_END}\n"
+        f"{IM_START}user\n<tool_response>\n84\n</tool_response>{IM_END}\n"
+        f"{IM_START}assistant\nThe answer is #### 84{IM_END}\n"
+    )
+    return texts
+
+
+def build_tiny_tokenizer(
+    corpus: list[str] | None = None,
+    *,
+    vocab_size: int = 160,
+    full_byte_alphabet: bool = False,
+    chat_template: str = CHATML_TOOLS_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """Train a small byte-level BPE offline; same corpus, same tokenizer.
+
+    Args:
+        corpus: Training texts; ``default_corpus()`` when None.
+        vocab_size: Target vocabulary size including the 3 special tokens.
+        full_byte_alphabet: Start from all 256 bytes, so any text round-trips
+            (the vocabulary then holds at least 259 entries). Off by default:
+            a small vocabulary is what lets a tiny model learn in seconds.
+        chat_template: Jinja chat template; Qwen3-style ChatML with tools by default.
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` with ``<|im_end|>`` as EOS and
+        ``<|endoftext|>`` as padding.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = default_corpus() if corpus is None else list(corpus)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if full_byte_alphabet else [],
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START],
+    )
+    wrapped.chat_template = chat_template
+    return wrapped
+
+
+def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
+    """``"tiny"`` builds the offline tokenizer; anything else goes to ``AutoTokenizer``."""
+    if name_or_path == "tiny":
+        return build_tiny_tokenizer(**kwargs)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
