@@ -1,0 +1,52 @@
+"""Importing core stays light: agent containers and CPU-only hosts must not pay
+for torch, transformers or cloud SDKs they never use. Checked in a fresh
+interpreter so earlier imports in the test session cannot hide a leak."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "transformers", "verl", "tinker", "sagemaker", "boto3", "botocore", "ray")
+
+LIGHT_MODULES = [
+    "core",
+    "core.types",
+    "core.interfaces",
+    "core.errors",
+    "core.plugins",
+    "core.config",
+    "core.tokenizer",
+    "core.gateway",
+    "core.runtime",
+    "core.agent",
+]
+
+
+@pytest.mark.parametrize("module", LIGHT_MODULES)
+def test_module_imports_no_heavy_dependency(module: str) -> None:
+    code = (
+        "import importlib, json, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_loading_plugins_imports_no_heavy_dependency() -> None:
+    """Listing backends must not import torch even though tracerl-local needs it."""
+    code = (
+        "import json, sys\n"
+        "from core.plugins import load_plugins\n"
+        "p = load_plugins()\n"
+        "assert 'local' in p.backends, p.backends.names()\n"
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -1,0 +1,71 @@
+"""``python -m core.train``: composition, overrides and the errors users hit first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from core.train import requested_choices
+
+
+def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "core.train", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_unknown_backend_exits_nonzero_naming_installed(tmp_path: Path) -> None:
+    proc = _train("backend=nosuch", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "unknown backend 'nosuch'" in proc.stderr
+    assert "Installed backends: local" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_in_tree_backend_not_installed_says_which_install(tmp_path: Path) -> None:
+    proc = _train("backend=slime", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "pip install -e plugins/slime" in proc.stderr
+
+
+def test_cfg_job_prints_composed_config_with_overrides(tmp_path: Path) -> None:
+    proc = _train(
+        "--cfg", "job", "seed=7", "trainer.max_steps=3", "algorithm.learning_rate=0.01", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["seed"] == 7
+    assert cfg["trainer"]["max_steps"] == 3
+    assert cfg["algorithm"]["learning_rate"] == 0.01
+    assert cfg["backend"]["name"] == "local"
+    assert cfg["runtime"]["name"] == "local"
+    assert cfg["run_dir"].startswith("outputs/")
+    assert not (tmp_path / "outputs").exists()  # --cfg only prints
+
+
+def test_type_errors_in_overrides_are_reported(tmp_path: Path) -> None:
+    proc = _train("--cfg", "job", "trainer.max_steps=lots", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "max_steps" in proc.stderr
+
+
+def test_requested_choices_reads_overrides_and_defaults() -> None:
+    assert requested_choices([]) == {"backend": "local", "runtime": "local"}
+    assert requested_choices(["backend=verl", "seed=1"])["backend"] == "verl"
+    assert requested_choices(["runtime=agentcore"])["runtime"] == "agentcore"
+
+
+@pytest.mark.parametrize("group", ["algorithm", "task"])
+def test_every_yaml_option_of_a_group_composes(group: str, tmp_path: Path) -> None:
+    conf = Path(__file__).parent.parent / "core" / "conf" / group
+    for option in sorted(p.stem for p in conf.glob("*.yaml")):
+        proc = _train("--cfg", "job", f"{group}={option}", cwd=tmp_path)
+        assert proc.returncode == 0, (option, proc.stderr)
