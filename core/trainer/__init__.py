@@ -1,4 +1,8 @@
-"""The training loop for backends core drives (local, Tinker, SageMaker)."""
+"""The training loop for backends core drives (local, Tinker, SageMaker).
+
+Defines ``run_training(cfg, plugins)`` (see ``core.trainer.loop``); the
+config schemas are in ``core.trainer.config``.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,6 @@ __all__ = ["run_training"]
 
 def run_training(cfg: Any, plugins: Any) -> int:
     """Run the GRPO loop described by ``cfg``; returns an exit code."""
-    import sys
+    from core.trainer.loop import run_training as _run
 
-    print(
-        "tracerl: the training loop for driven backends is not built yet "
-        f"(backend={cfg.backend.name!s}); the config composed fine. Try --cfg job to see it.",
-        file=sys.stderr,
-    )
-    return 3
+    return _run(cfg, plugins)

@@ -38,6 +38,8 @@ class TrainerConfig:
     """Most rollouts in flight at once."""
     progress: bool = True
     """Show progress bars."""
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Metric sinks: console, jsonl, and wandb / tensorboard when installed."""
 
 
 @dataclass

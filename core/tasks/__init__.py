@@ -1,0 +1,1 @@
+"""Toy tasks shipped with tracerl (data generators, rewards and agents)."""

@@ -1,0 +1,89 @@
+"""The embedded default's toy task: "After 3?" -> "4" (the next digit, mod 10).
+
+Chosen from a prototype on this project's machines (shared/research/toy-task.md):
+a constant reply scores at most 0.1, so 0.8 needs the model to read the
+prompt, and a 137k-parameter model learns it from scratch in under a minute
+on 2 CPU cores with the reward below.
+
+The agent is ordinary production-style code: it calls the OpenAI-compatible
+endpoint it is given (plain httpx, one shared client per process, to keep the
+toy agent cheap; the examples/ agents use the official SDKs) and returns a reward.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.agent import AgentApp
+
+SYSTEM = "Say the next digit."
+
+
+def question(n: int) -> str:
+    return f"After {n}?"
+
+
+def charwise_reward(reply: str, target: str) -> float:
+    """Matching characters over the longer length, on the stripped reply; 0 if empty.
+
+    A right first digit followed by k junk characters earns 1/(k+1): a signal
+    for the answer and a pull towards stopping (exact match gives neither).
+    """
+    reply = reply.strip()
+    if not reply:
+        return 0.0
+    hits = sum(1 for a, b in zip(reply, target, strict=False) if a == b)
+    return hits / max(len(reply), len(target))
+
+
+def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: int = 0) -> None:
+    """Write ``rows`` random training payloads and one eval payload per digit."""
+    rng = random.Random(seed)
+    Path(train_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(train_path, "w") as f:
+        for _ in range(rows):
+            n = rng.randrange(10)
+            f.write(json.dumps({"payload": {"n": n, "answer": str((n + 1) % 10)}}) + "\n")
+    with open(eval_path, "w") as f:
+        for n in range(10):
+            f.write(json.dumps({"payload": {"n": n, "answer": str((n + 1) % 10)}}) + "\n")
+
+
+app = AgentApp()
+_client: httpx.AsyncClient | None = None
+
+
+def _http() -> httpx.AsyncClient:
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(timeout=60.0, limits=httpx.Limits(max_connections=512))
+    return _client
+
+
+@app.entrypoint
+async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+    config = payload["_config"]
+    body: dict[str, Any] = {
+        "model": config["model_id"],
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": question(int(payload["n"]))},
+        ],
+    }
+    body.update(config.get("sampling_params") or {})
+    response = await _http().post(
+        f"{config['base_url'].rstrip('/')}/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {config['api_key']}"},
+    )
+    response.raise_for_status()
+    reply = response.json()["choices"][0]["message"]["content"] or ""
+    return {
+        "reward": charwise_reward(reply, str(payload["answer"])),
+        "metrics": {"reply_chars": float(len(reply.strip()))},
+    }

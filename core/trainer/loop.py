@@ -1,0 +1,415 @@
+"""The GRPO loop for backends core drives (local, Tinker, SageMaker).
+
+Per step: take ``batch_size`` payloads, run ``group_size`` rollouts of each
+through the runtime and the gateway, turn the recorded rows into datums with
+group-relative advantages (failed rollouts excluded), ``forward_backward``,
+``optim_step``, rebind the gateway to the new sampler; evaluate and
+checkpoint on schedule. Guards: a canary rollout before training, and an
+abort when a step's rollout failure rate passes ``max_failure_rate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from core.algo import RolloutScore, compute_group_advantages, trace_to_datum
+from core.errors import ConfigError, RunAborted
+from core.gateway.config import GatewayConfig
+from core.trainer.checkpoint import checkpoint_dir, latest_checkpoint, write_trainer_state
+from core.trainer.data import DataOrder, load_payloads
+from core.trainer.metrics import MetricsWriter, console_line
+from core.trainer.report import write_report
+from core.trainer.rollouts import RolloutOutcome, RolloutRunner
+from core.types import AdamParams, Datum, RolloutStatus, SamplingParams
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent in each phase of one step."""
+
+    rollout: float = 0.0
+    train: float = 0.0
+    sync: float = 0.0
+    eval: float = 0.0
+    checkpoint: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _import_attr(spec: str, what: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} must look like 'package.module:function', got {spec!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{what} {spec!r} cannot be imported: {exc}") from exc
+
+
+def prepare_data(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train and eval payloads; a task with a generator writes them into the run directory."""
+    task = cfg.task
+    train_path, eval_path = str(task.train_path), str(task.eval_path)
+    if not train_path:
+        if not task.generator:
+            raise ConfigError("set task.train_path (JSONL or Parquet with a 'payload' field)")
+        generate = _import_attr(str(task.generator), "task.generator")
+        train_path = str(run_dir / "data" / "train.jsonl")
+        eval_path = eval_path or str(run_dir / "data" / "eval.jsonl")
+        if not Path(train_path).exists():
+            kwargs = OmegaConf.to_container(task.generator_kwargs, resolve=True)
+            generate(train_path, eval_path, seed=int(cfg.seed), **kwargs)  # type: ignore[arg-type]
+    train = load_payloads(train_path)
+    evals = load_payloads(eval_path) if eval_path else []
+    return train, evals
+
+
+class Trainer:
+    """One training run; ``await Trainer(cfg, plugins).run()`` returns an exit code."""
+
+    def __init__(self, cfg: Any, plugins: Any) -> None:
+        self.cfg = cfg
+        self.plugins = plugins
+        self.run_dir = Path(str(cfg.run_dir))
+        self.t = cfg.trainer
+        self.algo = cfg.algorithm
+        if self.algo.loss not in ("cross_entropy", "importance_sampling", "ppo", "cispo"):
+            raise ConfigError(
+                f"algorithm.loss={self.algo.loss!r}; use cross_entropy, importance_sampling, ppo or cispo"
+            )
+        if self.t.batch_size < 1 or self.t.group_size < 1:
+            raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
+        self.step = 0
+        self._closers: list[Any] = []
+
+    # -- setup --------------------------------------------------------------
+
+    async def _setup(self) -> None:
+        from core.gateway import Gateway, GatewayServer
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.train_rows, self.eval_rows = prepare_data(self.cfg, self.run_dir)
+        self.order = DataOrder(size=len(self.train_rows), seed=int(self.cfg.seed))
+
+        spec = self.plugins.backend(str(self.cfg.backend.name))
+        self.backend = spec.factory(self.cfg)
+        self._closers.append(self.backend.aclose)
+        gw_cfg = GatewayConfig(**OmegaConf.to_container(self.cfg.gateway, resolve=True))  # type: ignore[arg-type]
+        self.gateway = Gateway(
+            tokenizer=self.backend.get_tokenizer(),
+            sampler=self.backend.sampler,
+            config=gw_cfg,
+            model_id=self.backend.model_id(),
+        )
+        self.server = GatewayServer(self.gateway, host=gw_cfg.host, port=gw_cfg.port)
+        await self.server.start()
+        self._closers.append(self.server.stop)
+
+        self.runtime = self.plugins.runtime(str(self.cfg.runtime.name)).factory(self.cfg)
+        self._closers.append(self.runtime.aclose)
+        await self.runtime.start()
+        self.runner = RolloutRunner(
+            gateway=self.gateway,
+            base_url=self.server.base_url,
+            runtime=self.runtime,
+            model_id=self.backend.model_id(),
+            max_concurrency=int(self.t.max_concurrent_rollouts),
+            timeout_s=float(self.t.rollout_timeout_s),
+        )
+        loggers = list(self.t.loggers)
+        self.metrics = MetricsWriter(
+            self.run_dir, loggers, config=OmegaConf.to_container(self.cfg, resolve=True)  # type: ignore[arg-type]
+        )
+        self._closers.append(self._close_metrics)
+        self.console = "console" in loggers
+
+    async def _close_metrics(self) -> None:
+        self.metrics.close()
+
+    async def _teardown(self) -> None:
+        for close in reversed(self._closers):
+            try:
+                await close()
+            except Exception as exc:  # keep closing the rest; say what failed
+                print(f"warning: shutdown step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        self._closers.clear()
+
+    def _sampling(self, temperature: float) -> SamplingParams:
+        return SamplingParams(max_tokens=int(self.algo.max_tokens), temperature=float(temperature))
+
+    # -- guards ---------------------------------------------------------------
+
+    async def _canary(self) -> None:
+        """One rollout that must reach the gateway and return a reward."""
+        outcome = await self.runner.run_one(
+            self.train_rows[0], group_id="canary", sampling=self._sampling(self.algo.temperature)
+        )
+        result = outcome.result
+        if result.status is not RolloutStatus.OK:
+            raise RunAborted(
+                f"canary rollout failed with status {result.status.value!r}: "
+                f"{(result.error or 'no error text').strip()[-2000:]}\n"
+                "Check that the agent starts (task.agent), reaches the gateway at the base_url "
+                "it is given, and returns {'reward': <float>}."
+            )
+        turns = sum(len(r.turns) for r in outcome.rows)
+        if turns == 0:
+            raise RunAborted(
+                "canary rollout returned a reward but made no model call through the gateway: "
+                "the agent must send its requests to payload['_config']['base_url'] with "
+                "payload['_config']['api_key'] as its API key; training on it would learn nothing"
+            )
+
+    def _check_failures(self, outcomes: list[RolloutOutcome]) -> Counter[str]:
+        statuses = Counter(o.result.status.value for o in outcomes)
+        failed = sum(n for s, n in statuses.items() if s != RolloutStatus.OK.value)
+        rate = failed / max(1, len(outcomes))
+        if rate > float(self.t.max_failure_rate):
+            errors = [o.result.error for o in outcomes if o.result.error][:3]
+            raise RunAborted(
+                f"step {self.step + 1}: {failed} of {len(outcomes)} rollouts failed "
+                f"({rate:.0%} > trainer.max_failure_rate={self.t.max_failure_rate}); statuses: "
+                f"{dict(statuses)}; first errors: {errors}"
+            )
+        return statuses
+
+    # -- phases -------------------------------------------------------------
+
+    async def _rollouts(self) -> list[RolloutOutcome]:
+        indices = self.order.next_batch(int(self.t.batch_size))
+        payloads = [(f"s{self.step + 1}-g{i}", self.train_rows[idx]) for i, idx in enumerate(indices)]
+        bar = None
+        if self.t.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=len(payloads) * int(self.t.group_size),
+                desc=f"step {self.step + 1} rollouts",
+                leave=False,
+                disable=None,
+                file=sys.stderr,
+            )
+        try:
+            return await self.runner.run_groups(
+                payloads,
+                group_size=int(self.t.group_size),
+                sampling=self._sampling(self.algo.temperature),
+                on_done=(lambda _o: bar.update(1)) if bar is not None else None,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _datums(self, outcomes: list[RolloutOutcome]) -> tuple[list[Datum], dict[str, float]]:
+        stats = compute_group_advantages(
+            (
+                RolloutScore(o.request.rollout_id, o.request.group_id, o.result.reward if o.ok else None)
+                for o in outcomes
+            ),
+            normalize_std=bool(self.algo.normalize_std),
+            exclude_failed=bool(self.algo.exclude_failed),
+        )
+        datums: list[Datum] = []
+        for o in outcomes:
+            adv = stats.advantages.get(o.request.rollout_id)
+            if adv is None:
+                continue
+            for row in o.rows:
+                datum = trace_to_datum(row, adv)
+                if datum is not None:
+                    datums.append(datum)
+        return datums, {
+            "groups/total": float(stats.groups),
+            "groups/skipped_constant": float(stats.skipped_constant),
+            "groups/skipped_too_small": float(stats.skipped_too_small),
+            "rollouts/excluded_failed": float(stats.excluded_failed),
+        }
+
+    async def _train(self, datums: list[Datum]) -> dict[str, float]:
+        loss_config = dict(OmegaConf.to_container(self.algo.loss_config, resolve=True))  # type: ignore[arg-type]
+        loss_config.setdefault("temperature", float(self.algo.temperature))
+        result = await self.backend.forward_backward(datums, self.algo.loss, loss_config)
+        opt = await self.backend.optim_step(
+            AdamParams(
+                learning_rate=float(self.algo.learning_rate),
+                beta1=float(self.algo.beta1),
+                beta2=float(self.algo.beta2),
+                weight_decay=float(self.algo.weight_decay),
+                grad_clip_norm=float(self.algo.grad_clip_norm),
+            )
+        )
+        out = {f"train/{k.replace('/', '_')}": float(v) for k, v in result.metrics.items()}
+        out.update({f"optim/{k}": float(v) for k, v in opt.items()})
+        return out
+
+    async def evaluate(self) -> dict[str, float]:
+        """Mean reward over the eval rows, one rollout each, at the eval temperature."""
+        rows = self.eval_rows[: int(self.t.eval_size)]
+        if not rows:
+            return {}
+        outcomes = await self.runner.run_groups(
+            [(f"eval{i}", p) for i, p in enumerate(rows)],
+            group_size=1,
+            sampling=self._sampling(self.algo.eval_temperature),
+        )
+        ok = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
+        return {
+            "eval/reward_mean": sum(ok) / len(ok) if ok else float("nan"),
+            "eval/failed": float(len(outcomes) - len(ok)),
+        }
+
+    async def _checkpoint(self) -> float:
+        t0 = time.perf_counter()
+        path = checkpoint_dir(self.run_dir, self.step)
+        path.mkdir(parents=True, exist_ok=True)
+        where = await self.backend.save_state(str(path / "backend"))
+        write_trainer_state(
+            path, {"step": self.step, "data": self.order.state(), "backend_path": where}
+        )
+        return time.perf_counter() - t0
+
+    async def _resume(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise ConfigError(
+                f"trainer.resume=true but {self.run_dir / 'checkpoints'} holds no complete "
+                "checkpoint; set run_dir to the run to resume"
+            )
+        await self.backend.load_state(str(ckpt.state["backend_path"]))
+        self.gateway.set_sampler(self.backend.sampler)
+        self.order.restore(ckpt.state["data"])
+        self.step = ckpt.step
+        print(f"resumed from {ckpt.path} at step {self.step}", file=sys.stderr)
+
+    # -- the loop -------------------------------------------------------------
+
+    async def _one_step(self) -> dict[str, Any]:
+        times = StepTimes()
+        t_step = time.perf_counter()
+        outcomes = await self._rollouts()
+        times.rollout = time.perf_counter() - t_step
+        statuses = self._check_failures(outcomes)
+        datums, group_metrics = self._datums(outcomes)
+        train_metrics: dict[str, float] = {}
+        if datums:
+            t0 = time.perf_counter()
+            train_metrics = await self._train(datums)
+            times.train = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            self.gateway.set_sampler(await self.backend.sync_sampler())
+            times.sync = time.perf_counter() - t0
+        self.step += 1
+        if self.t.save_every and self.step % int(self.t.save_every) == 0 and self.step < int(self.t.max_steps):
+            times.checkpoint = await self._checkpoint()
+        eval_metrics: dict[str, float] = {}
+        if self.t.eval_every and self.step % int(self.t.eval_every) == 0:
+            t0 = time.perf_counter()
+            eval_metrics = await self.evaluate()
+            times.eval = time.perf_counter() - t0
+        step_time = time.perf_counter() - t_step
+        return self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
+
+    def _record(
+        self,
+        outcomes: list[RolloutOutcome],
+        statuses: Counter[str],
+        datums: list[Datum],
+        group_metrics: dict[str, float],
+        train_metrics: dict[str, float],
+        eval_metrics: dict[str, float],
+        times: StepTimes,
+        step_time: float,
+    ) -> dict[str, Any]:
+        rewards = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
+        mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else float("nan")
+        rows = [r for o in outcomes for r in o.rows]
+        accounted = times.rollout + times.train + times.sync + times.eval + times.checkpoint
+        record: dict[str, Any] = {
+            "step": self.step,
+            "reward/mean": mean,
+            "reward/std": std,
+            "rollouts/total": len(outcomes),
+            "rollouts/ok": statuses.get(RolloutStatus.OK.value, 0),
+            "rollouts/failed": len(outcomes) - statuses.get(RolloutStatus.OK.value, 0),
+            **{f"rollouts/{s.value}": statuses.get(s.value, 0) for s in RolloutStatus if s is not RolloutStatus.OK},
+            "datums": len(datums),
+            "tokens/trained": int(sum(sum(d.weights) for d in datums)),
+            "tokens/total": sum(len(r.token_ids) for r in rows),
+            "turns/total": sum(int(r.metadata.get("turns", len(r.turns))) for r in rows),
+            "trace/rows": len(rows),
+            "trace/forks": sum(int(r.metadata.get("forks", 0)) for r in rows),
+            "trace/ill_formed_tool_calls": sum(int(r.metadata.get("ill_formed_tool_calls", 0)) for r in rows),
+            "trace/truncated": sum(int(bool(r.metadata.get("truncated", False))) for r in rows),
+            "weight_version": int(self.backend.weight_version),
+            "time/rollout": times.rollout,
+            "time/train": times.train,
+            "time/weight_sync": times.sync,
+            "time/eval": times.eval,
+            "time/checkpoint": times.checkpoint,
+            "time/step": step_time,
+            "time/loop_overhead_frac": max(0.0, step_time - accounted) / step_time if step_time > 0 else 0.0,
+            **group_metrics,
+            **train_metrics,
+            **eval_metrics,
+        }
+        return record
+
+    def _emit(self, record: dict[str, Any], bar: Any) -> None:
+        self.metrics.write(record)
+        if self.console:
+            line = console_line(record)
+            if bar is not None:
+                bar.write(line)
+            else:
+                print(line, flush=True)
+
+    async def run(self) -> int:
+        try:
+            await self._setup()
+            if self.t.resume:
+                await self._resume()
+            if self.step == 0 and self.t.canary:
+                await self._canary()
+            if self.step == 0 and self.eval_rows:
+                self._emit({"step": 0, **await self.evaluate()}, None)
+            bar = None
+            if self.t.progress:
+                from tqdm import tqdm
+
+                bar = tqdm(total=int(self.t.max_steps), initial=self.step, desc="train", disable=None, file=sys.stderr)
+            t_run = time.perf_counter()
+            try:
+                while self.step < int(self.t.max_steps):
+                    record = await self._one_step()
+                    self._emit(record, bar)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(reward=f"{record['reward/mean']:.3f}")
+            finally:
+                if bar is not None:
+                    bar.close()
+            final: dict[str, Any] = {"step": self.step}
+            if self.eval_rows and not (self.t.eval_every and self.step % int(self.t.eval_every) == 0):
+                final.update(await self.evaluate())
+            final["time/train_wall"] = time.perf_counter() - t_run
+            await self._checkpoint()
+            self._emit(final, None)
+            report = write_report(self.run_dir)
+            print(f"run finished at step {self.step}; metrics: {self.metrics.path}; report: {report}")
+            return 0
+        finally:
+            await self._teardown()
+
+
+def run_training(cfg: Any, plugins: Any) -> int:
+    """Run the loop described by ``cfg`` to completion; returns an exit code."""
+    return asyncio.run(Trainer(cfg, plugins).run())

@@ -1,0 +1,101 @@
+"""Running rollouts: one gateway session per rollout, the agent through the runtime.
+
+``RolloutRunner.run_one`` owns a session from creation to drop, so no turn is
+ever recorded outside a session the trainer knows about, and a rollout's
+rows are stamped with its status and reward before they leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams, TraceRecord
+
+
+@dataclass
+class RolloutOutcome:
+    """A finished rollout with the rows the gateway recorded for it."""
+
+    request: RolloutRequest
+    """What was run."""
+    result: RolloutResult
+    """What the runtime reported."""
+    rows: list[TraceRecord]
+    """Trace rows of the rollout's session (possibly empty)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.result.status is RolloutStatus.OK
+
+
+class RolloutRunner:
+    """Runs rollouts through a runtime against the gateway, at most ``max_concurrency`` at once."""
+
+    def __init__(
+        self,
+        *,
+        gateway: Any,
+        base_url: str,
+        runtime: Any,
+        model_id: str,
+        max_concurrency: int,
+        timeout_s: float,
+    ) -> None:
+        self.gateway = gateway
+        self.base_url = base_url
+        self.runtime = runtime
+        self.model_id = model_id
+        self.timeout_s = timeout_s
+        self._sem = asyncio.Semaphore(max_concurrency)
+
+    async def run_one(
+        self, payload: dict[str, Any], *, group_id: str, sampling: SamplingParams
+    ) -> RolloutOutcome:
+        rollout_id = uuid.uuid4().hex
+        async with self._sem:
+            sid = self.gateway.create_session(
+                sampling=sampling, metadata={"rollout_id": rollout_id, "group_id": group_id}
+            )
+            request = RolloutRequest(
+                rollout_id=rollout_id,
+                group_id=group_id,
+                payload=payload,
+                base_url=self.base_url,
+                session_id=sid,
+                model_id=self.model_id,
+                timeout_s=self.timeout_s,
+            )
+            try:
+                result = await self.runtime.run_rollout(request)
+            finally:
+                rows = self.gateway.finish_session(sid)
+                self.gateway.drop_session(sid)
+        reward = result.reward if result.status is RolloutStatus.OK else None
+        rows = [
+            replace(r, rollout_id=rollout_id, group_id=group_id, reward=reward, status=result.status)
+            for r in rows
+        ]
+        return RolloutOutcome(request=request, result=result, rows=rows)
+
+    async def run_groups(
+        self,
+        payloads: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        group_size: int,
+        sampling: SamplingParams,
+        on_done: Callable[[RolloutOutcome], None] | None = None,
+    ) -> list[RolloutOutcome]:
+        """``group_size`` rollouts of each ``(group_id, payload)``, all concurrently."""
+
+        async def one(group_id: str, payload: dict[str, Any]) -> RolloutOutcome:
+            outcome = await self.run_one(payload, group_id=group_id, sampling=sampling)
+            if on_done is not None:
+                on_done(outcome)
+            return outcome
+
+        tasks = [one(gid, p) for gid, p in payloads for _ in range(group_size)]
+        return list(await asyncio.gather(*tasks))
