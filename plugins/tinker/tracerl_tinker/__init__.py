@@ -1,0 +1,5 @@
+"""tracerl-tinker: the Tinker backend (``backend=tinker``)."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
