@@ -88,6 +88,7 @@ class Trainer:
         if self.t.batch_size < 1 or self.t.group_size < 1:
             raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
         self.step = 0
+        self._last_batch: list[int] = []
         self._closers: list[Any] = []
 
     # -- setup --------------------------------------------------------------
@@ -185,6 +186,7 @@ class Trainer:
 
     async def _rollouts(self) -> list[RolloutOutcome]:
         indices = self.order.next_batch(int(self.t.batch_size))
+        self._last_batch = indices
         payloads = [(f"s{self.step + 1}-g{i}", self.train_rows[idx]) for i, idx in enumerate(indices)]
         bar = None
         if self.t.progress:
@@ -350,6 +352,9 @@ class Trainer:
             "trace/ill_formed_tool_calls": sum(int(r.metadata.get("ill_formed_tool_calls", 0)) for r in rows),
             "trace/truncated": sum(int(bool(r.metadata.get("truncated", False))) for r in rows),
             "weight_version": int(self.backend.weight_version),
+            "data/epoch": self.order.epoch,
+            "data/cursor": self.order.cursor,
+            "data/batch": list(self._last_batch),
             "time/rollout": times.rollout,
             "time/train": times.train,
             "time/weight_sync": times.sync,
