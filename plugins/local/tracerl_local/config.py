@@ -1,4 +1,9 @@
-"""Hydra node ``backend/local``."""
+"""Hydra node ``backend/local``: model, device, dtype, LoRA, optimizer and sampler batching.
+
+The plugin registers ``LocalBackendConfig`` through ``tracerl_register_backends``;
+``python -m core.train backend=local backend.model=Qwen/Qwen3-0.6B`` overrides
+fields type-checked against these dataclasses.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,49 @@ class LoraConfig:
     """Optional LoRA adapters (needs ``pip install tracerl-local[lora]``)."""
 
     enabled: bool = False
-    """Train LoRA adapters instead of the full model."""
+    """Train LoRA adapters instead of the full model (full fine-tuning by default)."""
     rank: int = 16
     """Adapter rank."""
     alpha: int = 32
     """Adapter scaling."""
+    dropout: float = 0.0
+    """Adapter dropout; keep 0 so sampler and trainer logprobs agree."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Modules that get adapters."""
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the ``model: tiny`` preset (a Qwen2-style model with random weights).
+
+    The defaults are the shape that learned the toy task on 2 CPU cores in
+    30-40 s (about 137k parameters); see docs/backends/local.md.
+    """
+
+    hidden_size: int = 64
+    """Width of the residual stream."""
+    intermediate_size: int = 256
+    """Width of the MLP."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 4
+    """Attention heads (and key/value heads)."""
+    max_position_embeddings: int = 512
+    """Context length: prompt plus generated tokens."""
+    initializer_range: float = 0.02
+    """Standard deviation of the random initial weights."""
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizer state the backend keeps between ``optim_step`` calls.
+
+    Step size, betas, eps, weight decay and clipping come with each
+    ``optim_step(AdamParams)`` call, as in Tinker; only the kind is fixed here.
+    """
+
+    name: str = "adamw"
+    """``adamw`` (Adam with decoupled weight decay; plain Adam when weight_decay is 0)."""
 
 
 @dataclass
@@ -27,17 +68,23 @@ class LocalBackendConfig:
     """Backend name."""
     model: str = "tiny"
     """``tiny`` (built offline from ``seed``) or a Hugging Face model name or path."""
+    tokenizer: str = ""
+    """Tokenizer name or path; empty uses the model's (the offline tiny one for ``tiny``)."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``."""
     dtype: str = "auto"
     """``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``."""
     num_threads: int = 2
-    """torch CPU threads."""
+    """torch CPU threads (process-wide: ``torch.set_num_threads``)."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the ``tiny`` preset."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer kind."""
     max_batch_size: int = 256
     """Most sequences the sampler decodes together."""
     batch_wait_ms: float = 2.0
     """How long the sampler waits to gather concurrent requests into one batch."""
     train_micro_batch: int = 64
-    """Datums per forward/backward micro-batch."""
+    """Datums per forward/backward micro-batch (bounds activation memory)."""

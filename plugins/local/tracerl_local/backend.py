@@ -1,0 +1,270 @@
+"""``LocalBackend``: sampling and training on one machine (``backend=local``).
+
+It satisfies ``core.interfaces.TrainingBackend``. The trained model lives
+here; the sampler serves a frozen copy that ``sync_sampler`` refreshes and
+versions. Training calls run in a worker thread (one at a time) so the event
+loop, which also serves the gateway, stays responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.errors import ConfigError, TrainingError
+from core.interfaces import LossName
+from core.types import AdamParams, Datum, ForwardBackwardResult
+from tracerl_local.config import LocalBackendConfig
+from tracerl_local.losses import parse_loss_config
+from tracerl_local.model import cache_argument, load_model
+from tracerl_local.sampler import LocalSampler
+from tracerl_local.training import check_datums, forward_backward_sync
+
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+
+
+def _to_backend_config(node: Any) -> LocalBackendConfig:
+    if isinstance(node, LocalBackendConfig):
+        return node
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(LocalBackendConfig), node)
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, LocalBackendConfig)
+    return obj
+
+
+class LocalBackend:
+    """Torch on this machine: a tiny offline model by default, or a Hugging Face model."""
+
+    name = "local"
+
+    def __init__(self, config: LocalBackendConfig, seed: int = 0) -> None:
+        """Build or load the model and start serving it at weight version 0.
+
+        Raises:
+            ConfigError: bad device/dtype/model, or LoRA without peft.
+        """
+        if config.num_threads > 0:
+            torch.set_num_threads(config.num_threads)
+        if config.optimizer.name != "adamw":
+            raise ConfigError(
+                f"backend.optimizer.name={config.optimizer.name!r} is not supported; use adamw"
+            )
+        self.config = config
+        self.seed = seed
+        self._model, self._tokenizer = load_model(config, seed)
+        self._model.eval()  # no dropout: trainer and sampler see the same function
+        self._cache_arg = cache_argument(self._model)
+        self._max_positions = int(self._model.config.max_position_embeddings)
+        self._version = 0
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._sampler = LocalSampler(
+            self._model,
+            self._tokenizer,
+            max_positions=self._max_positions,
+            max_batch_size=config.max_batch_size,
+            batch_wait_ms=config.batch_wait_ms,
+            seed=seed,
+        )
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LocalBackend:
+        """Build from the composed run config (``cfg.backend`` and ``cfg.seed``)."""
+        return cls(_to_backend_config(cfg.backend), seed=int(cfg.get("seed", 0) or 0))
+
+    # -- what the gateway and the loop read -------------------------------------------
+
+    @property
+    def sampler(self) -> LocalSampler:
+        """The sampler serving the weights of ``weight_version``."""
+        return self._sampler
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the weights the sampler serves; starts at 0, +1 per ``sync_sampler``."""
+        return self._version
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model being trained (not the sampler's copy)."""
+        return self._model
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer the model reads (the offline tiny one for ``model: tiny``)."""
+        return self._tokenizer
+
+    def model_id(self) -> str:
+        """``tiny`` or the Hugging Face name/path."""
+        return self.config.model
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._model.parameters() if p.requires_grad]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TrainingError("the local backend is closed; build a new one")
+
+    # -- training primitives --------------------------------------------------------------
+
+    async def forward_backward(
+        self,
+        datums: Sequence[Datum],
+        loss_fn: LossName,
+        loss_config: dict[str, float] | None = None,
+    ) -> ForwardBackwardResult:
+        """Accumulate gradients of ``loss_fn`` over ``datums`` (see ``tracerl_local.losses``).
+
+        Aggregation: per-token losses times weights, summed over every token of
+        every datum, divided by the total weight of the call (token-level mean).
+        ``loss_config`` may carry ``temperature`` (and ``top_k``/``top_p``) so
+        trainer logprobs use the sampler's settings; temperature 0 means 1.
+
+        Raises:
+            ConfigError: unknown loss or key, or datums the model cannot read.
+            TrainingError: the backend is closed or the forward/backward failed.
+        """
+        self._check_open()
+        settings = parse_loss_config(loss_fn, loss_config)
+        check_datums(datums, len(self._tokenizer), self._max_positions)
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(
+                    forward_backward_sync,
+                    self._model,
+                    list(datums),
+                    settings,
+                    pad_id=int(self._tokenizer.pad_token_id),
+                    cache_arg=self._cache_arg,
+                    micro_batch=self.config.train_micro_batch,
+                )
+            except (ConfigError, TrainingError):
+                raise
+            except Exception as exc:
+                raise TrainingError(f"local forward_backward failed: {exc!r}") from exc
+
+    def _ensure_optimizer(self, params: AdamParams) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            trainable = self._trainable()
+            if not trainable:
+                raise TrainingError("the model has no trainable parameters")
+            self._optimizer = torch.optim.AdamW(
+                trainable, lr=params.learning_rate, weight_decay=params.weight_decay
+            )
+        for group in self._optimizer.param_groups:
+            group["lr"] = params.learning_rate
+            group["betas"] = (params.beta1, params.beta2)
+            group["eps"] = params.eps
+            group["weight_decay"] = params.weight_decay
+        return self._optimizer
+
+    def _optim_step_sync(self, params: AdamParams) -> dict[str, float]:
+        optimizer = self._ensure_optimizer(params)
+        max_norm = params.grad_clip_norm if params.grad_clip_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._trainable(), max_norm))
+        if not math.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(
+                f"gradient norm is {grad_norm}; the step was skipped and gradients cleared. "
+                "Lower the learning rate or check the advantages for NaN/inf"
+            )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "learning_rate": params.learning_rate}
+
+    async def optim_step(self, params: AdamParams) -> dict[str, float]:
+        """Apply accumulated gradients (AdamW, global-norm clipping), then clear them.
+
+        Returns ``grad_norm`` (before clipping) and ``learning_rate``. The
+        sampler keeps serving the old weights until ``sync_sampler``.
+        """
+        self._check_open()
+        async with self._lock:
+            return await asyncio.to_thread(self._optim_step_sync, params)
+
+    async def sync_sampler(self) -> LocalSampler:
+        """Serve the trained weights from the sampler and bump ``weight_version``.
+
+        Batches already running finish on the weights they started with.
+        """
+        self._check_open()
+        async with self._lock:
+            await asyncio.to_thread(self._sampler.publish, self._model, self._version + 1)
+            self._version += 1
+        return self._sampler
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def _state_dict(self) -> dict[str, torch.Tensor]:
+        state = self._model.state_dict()
+        if self.config.lora.enabled:  # the frozen base is rebuilt from the config
+            names = {n for n, p in self._model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in state.items() if k in names}
+        return state
+
+    async def save_state(self, path: str) -> str:
+        """Write weights, optimizer state and weight version into directory ``path``."""
+        self._check_open()
+        async with self._lock:
+            out = Path(path)
+            payload = {
+                "model": self._state_dict(),
+                "optimizer": self._optimizer.state_dict() if self._optimizer else None,
+                "weight_version": self._version,
+            }
+
+            def write() -> None:
+                out.mkdir(parents=True, exist_ok=True)
+                tmp = out / (STATE_FILE + ".tmp")
+                torch.save(payload, tmp)
+                os.replace(tmp, out / STATE_FILE)
+                meta = {"model": self.config.model, "lora": self.config.lora.enabled,
+                        "weight_version": self._version, "seed": self.seed}
+                (out / META_FILE).write_text(json.dumps(meta, indent=2))
+
+            await asyncio.to_thread(write)
+            return str(out)
+
+    async def load_state(self, path: str) -> None:
+        """Restore a ``save_state`` directory; the sampler then serves those weights.
+
+        Raises:
+            TrainingError: no checkpoint at ``path`` or it does not fit this model.
+        """
+        self._check_open()
+        file = Path(path) / STATE_FILE
+        if not file.is_file():
+            raise TrainingError(f"no local-backend checkpoint at {str(file)!r}; pass a save_state directory")
+        async with self._lock:
+            def read() -> None:
+                payload = torch.load(file, map_location="cpu", weights_only=True)
+                try:
+                    self._model.load_state_dict(payload["model"], strict=not self.config.lora.enabled)
+                except RuntimeError as exc:
+                    raise TrainingError(
+                        f"checkpoint {str(file)!r} does not fit backend.model={self.config.model!r}: {exc}"
+                    ) from exc
+                if payload["optimizer"] is not None:
+                    optimizer = self._ensure_optimizer(AdamParams())
+                    optimizer.load_state_dict(payload["optimizer"])
+                self._version = int(payload["weight_version"])
+                self._sampler.publish(self._model, self._version)
+
+            await asyncio.to_thread(read)
+
+    async def aclose(self) -> None:
+        """Stop the sampler; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._sampler.aclose()

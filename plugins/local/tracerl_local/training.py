@@ -1,0 +1,138 @@
+"""Trainer-side logprobs and the loss over a list of datums (synchronous, torch).
+
+``LocalBackend.forward_backward`` runs ``forward_backward_sync`` in a thread.
+Datums are right-padded (positions 0..n-1 for real tokens, as the sampler's
+left-padded ``cumsum(mask) - 1`` gives), scored with the same
+``processed_logprobs`` the sampler uses, and processed in micro-batches whose
+losses are each divided by the *whole call's* total weight before
+``backward``, so the accumulated gradient is that of the token-level mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from core.errors import ConfigError
+from core.types import Datum, ForwardBackwardResult
+from tracerl_local.logits import processed_logprobs
+from tracerl_local.losses import LossSettings, token_losses
+from tracerl_local.model import model_forward
+
+
+def check_datums(datums: Sequence[Datum], vocab: int, max_positions: int) -> None:
+    """Raise ``ConfigError`` naming the first datum that the model cannot read."""
+    if not datums:
+        raise ConfigError("forward_backward got no datums; pass at least one")
+    for i, d in enumerate(datums):
+        if not d.model_input:
+            raise ConfigError(f"datum {i} is empty; a datum needs at least one input token")
+        if len(d.model_input) > max_positions:
+            raise ConfigError(
+                f"datum {i} has {len(d.model_input)} input tokens but the model's context is "
+                f"{max_positions}; drop or truncate it"
+            )
+        for field_name, ids in (("model_input", d.model_input), ("target_tokens", d.target_tokens)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ConfigError(
+                    f"datum {i} {field_name} holds token ids {bad[:5]!r} outside the vocabulary [0, {vocab})"
+                )
+        if any(w < 0 or not math.isfinite(w) for w in d.weights):
+            raise ConfigError(f"datum {i} has negative or non-finite weights; weights must be >= 0")
+
+
+def trainer_logprobs(
+    model: torch.nn.Module,
+    datums: Sequence[Datum],
+    settings: LossSettings,
+    pad_id: int,
+    cache_arg: str,
+) -> torch.Tensor:
+    """``(B, L)`` logprobs of each datum's targets (with gradient); padding positions are 0."""
+    device = next(model.parameters()).device
+    n, width = len(datums), max(len(d.model_input) for d in datums)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    targets = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    for i, d in enumerate(datums):
+        k = len(d.model_input)
+        ids[i, :k] = torch.tensor(d.model_input)
+        targets[i, :k] = torch.tensor(d.target_tokens)
+        attn[i, :k] = 1
+    ids, targets, attn = ids.to(device), targets.to(device), attn.to(device)
+    positions = torch.arange(width, device=device).expand(n, width)
+    logits = model_forward(model, ids, attn, positions, cache_arg=cache_arg).logits
+    flat = logits.reshape(n * width, -1)
+    rows = flat.shape[0]
+    lp = processed_logprobs(
+        flat,
+        torch.full((rows,), settings.temperature, device=device),
+        torch.full((rows,), settings.top_k, dtype=torch.long, device=device),
+        torch.full((rows,), settings.top_p, device=device),
+    )
+    picked = lp.gather(-1, targets.reshape(-1, 1)).reshape(n, width)
+    return picked * attn
+
+
+def forward_backward_sync(
+    model: torch.nn.Module,
+    datums: Sequence[Datum],
+    settings: LossSettings,
+    *,
+    pad_id: int,
+    cache_arg: str,
+    micro_batch: int,
+) -> ForwardBackwardResult:
+    """Accumulate the gradient of the token-level mean loss over ``datums``.
+
+    Returns metrics ``loss``, ``num_tokens`` (total weight), ``logprob_diff/max``
+    and ``logprob_diff/mean`` (|sampler - trainer| over weighted tokens),
+    ``clip_fraction`` and ``ratio/mean`` (weighted), and per-datum trainer logprobs.
+    """
+    device = next(model.parameters()).device
+    total_weight = sum(sum(d.weights) for d in datums)
+    norm = total_weight if total_weight > 0 else 1.0
+    loss_sum = diff_max = diff_sum = clip_sum = ratio_sum = 0.0
+    per_datum: list[list[float]] = []
+    micro = max(1, micro_batch)
+    for start in range(0, len(datums), micro):
+        chunk = datums[start : start + micro]
+        width = max(len(d.model_input) for d in chunk)
+
+        def padded(values: list[list[float]]) -> torch.Tensor:
+            out = torch.zeros((len(values), width), dtype=torch.float32)
+            for i, v in enumerate(values):
+                out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
+            return out.to(device)
+
+        weights = padded([list(d.weights) for d in chunk])
+        old = padded([list(d.logprobs) for d in chunk])
+        adv = padded([list(d.advantages) for d in chunk])
+        logp = trainer_logprobs(model, chunk, settings, pad_id, cache_arg)
+        per_token, clipped = token_losses(settings, logp, old, adv)
+        loss = (per_token * weights).sum() / norm
+        if total_weight > 0:
+            loss.backward()
+        with torch.no_grad():
+            loss_sum += float(loss)
+            trained = weights > 0
+            diff = (logp.detach() - old).abs()[trained]
+            if diff.numel():
+                diff_max = max(diff_max, float(diff.max()))
+                diff_sum += float((diff * weights[trained]).sum())
+            clip_sum += float((clipped * weights).sum())
+            ratio_sum += float((torch.exp(logp.detach() - old) * weights).sum())
+        for i, d in enumerate(chunk):
+            per_datum.append(logp[i, : len(d.model_input)].detach().float().cpu().tolist())
+    metrics = {
+        "loss": loss_sum,
+        "num_tokens": float(total_weight),
+        "logprob_diff/max": diff_max,
+        "logprob_diff/mean": diff_sum / norm,
+        "clip_fraction": clip_sum / norm,
+        "ratio/mean": ratio_sum / norm,
+    }
+    return ForwardBackwardResult(metrics=metrics, logprobs=per_datum)
