@@ -19,3 +19,21 @@ class LocalRuntimeConfig:
     """How long a process may take to answer ``/ping``."""
     python: str = ""
     """Interpreter for agent processes; empty uses the trainer's."""
+    host: str = "127.0.0.1"
+    """Address agent servers bind (loopback: only this machine reaches them)."""
+    workdir: str = ""
+    """Folder for process logs and per-session directories; empty makes a temporary one."""
+    keep_workdirs: bool = False
+    """Keep each session's directory after its rollout (for debugging agents)."""
+    max_restarts: int = 10
+    """Restarts allowed per process before it is left dead."""
+    result_channel: str = "http"
+    """``http`` (start/get polling) or ``s3`` (agentcore-rl-toolkit ``AgentCoreRLApp`` results)."""
+    poll_interval_s: float = 0.05
+    """First polling interval for servers that cannot long-poll (grows to 1 s)."""
+    s3_bucket: str = ""
+    """Bucket for ``result_channel=s3``."""
+    s3_endpoint_url: str = ""
+    """S3 endpoint for ``result_channel=s3``; empty uses the AWS default/environment."""
+    s3_exp_id: str = "tracerl"
+    """Experiment prefix of result keys (``{exp_id}/{group_id}/{session_id}.json``)."""

@@ -1,0 +1,76 @@
+"""``python -m core.agent module:attr [--host H] [--port N] [--port-file F]``: serve an agent app.
+
+``attr`` may be a ``core.agent.AgentApp`` or any ASGI app (for example an
+agentcore-rl-toolkit ``AgentCoreRLApp``, which is a Starlette app), so agents
+written for the toolkit run unchanged. ``--port 0`` binds a free port; with
+``--port-file`` the bound port is written there once the socket listens,
+which is how the local runtime learns it without racing for ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+from typing import Any
+
+
+def load_app(spec: str) -> Any:
+    """Import ``module:attr`` and return the attribute.
+
+    Raises:
+        ValueError: ``spec`` is not of the form ``module:attr`` or the attribute is missing.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"agent must be given as 'module:attribute', got {spec!r}")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(
+                f"module {module_name!r} has no attribute {attr!r}; "
+                f"point the agent at the AgentApp instance, e.g. '{module_name}:app'"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec!r} is a {type(obj).__name__}, not an ASGI app")
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.agent", description=__doc__)
+    parser.add_argument("app", help="the agent app as module:attribute")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port-file", default="", help="write the bound port here")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app = load_app(args.app)
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(2048)
+    port = sock.getsockname()[1]
+    if args.port_file:
+        tmp = f"{args.port_file}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(str(port))
+        os.replace(tmp, args.port_file)
+    config = uvicorn.Config(
+        app, log_level=args.log_level, access_log=False, timeout_keep_alive=30, backlog=2048
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""How a runtime starts one invocation on an agent server and gets its output back.
+
+Defines:
+
+- ``AgentFault``: an agent-side failure carrying the ``RolloutStatus`` it maps to.
+- ``HttpChannel``: the start/get protocol over ``POST /invocations``; long-polls
+  (``wait_s``) and cancels when the server is a ``core.agent.AgentApp``, plain
+  polling with backoff for other servers of the protocol.
+- ``S3Channel``: agentcore-rl-toolkit's ``AgentCoreRLApp`` contract: fire with
+  ``_rollout`` S3 fields, poll the result object with boto3 (imported lazily).
+
+A channel returns the handler's output dict; mapping it to a reward is
+``core.runtime._results``' job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from core.agent._protocol import (
+    ENVELOPE_KEY,
+    ROLLOUT_KEY,
+    SERVER_MARKER,
+    SESSION_HEADER,
+    InvocationOp,
+    s3_result_key,
+)
+from core.runtime._process import AgentProcess
+from core.types import RolloutStatus
+
+LONG_POLL_S = 10.0
+"""Longest single ``get`` wait; short enough that a dead connection shows up fast."""
+
+
+class AgentFault(Exception):
+    """The agent failed in a way that maps to ``status``; the message is the error text."""
+
+    def __init__(self, status: RolloutStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Invocation:
+    """What a channel needs to run one rollout on one process."""
+
+    proc: AgentProcess
+    """Process serving it."""
+    generation: int
+    """``proc.restarts`` when it started; a change means the process was replaced."""
+    session_id: str
+    """Runtime session id (also the gateway session id)."""
+    invocation_id: str
+    """Id within the session."""
+    payload: dict[str, Any]
+    """Full payload, ``_config`` included."""
+    group_id: str
+    """GRPO group (the toolkit's ``input_id``)."""
+
+
+def _check_reply(r: httpx.Response, what: str) -> Any:
+    if r.status_code == 400:
+        raise AgentFault(RolloutStatus.REJECTED, f"the agent rejected the {what}: {r.text[:2000]}")
+    if r.status_code != 200:
+        raise AgentFault(
+            RolloutStatus.CRASHED,
+            f"the agent answered the {what} with HTTP {r.status_code}: {r.text[:4000]}",
+        )
+    try:
+        return r.json()
+    except ValueError as exc:
+        raise AgentFault(
+            RolloutStatus.CRASHED, f"the agent's reply to the {what} is not JSON: {r.text[:500]!r}"
+        ) from exc
+
+
+class HttpChannel:
+    """Start/get polling over HTTP (AgentCore Runtime's ``_agentcore_runtime`` envelope)."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, *, poll_interval_s: float = 0.05, max_poll_s: float = 1.0
+    ) -> None:
+        self.client = client
+        self.poll_interval_s = poll_interval_s
+        self.max_poll_s = max_poll_s
+
+    async def _post(self, inv: Invocation, body: dict[str, Any], timeout: float) -> httpx.Response:
+        return await self.client.post(
+            f"{inv.proc.base_url}/invocations",
+            content=json.dumps(body),
+            headers={SESSION_HEADER: inv.session_id, "content-type": "application/json"},
+            timeout=timeout,
+        )
+
+    async def run(self, inv: Invocation) -> Any:
+        """Start the invocation in the background and return the handler's output.
+
+        Raises:
+            AgentFault: the handler failed, the agent refused the payload, or the
+                process lost the invocation (it was restarted).
+            httpx.TransportError: the process could not be reached.
+        """
+        start = InvocationOp("start", inv.invocation_id, background=True)
+        state = _check_reply(
+            await self._post(inv, {**inv.payload, ENVELOPE_KEY: start.to_envelope()}, 30.0),
+            "start request",
+        )
+        if not isinstance(state, dict) or state.get("invocation_id") != inv.invocation_id:
+            return state  # a server without the protocol answered with the output itself
+        ours = bool(state.get(SERVER_MARKER))
+        delay = self.poll_interval_s
+        while state.get("status") == "in_progress":
+            if ours:
+                op = InvocationOp("get", inv.invocation_id, wait_s=LONG_POLL_S)
+            else:
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, self.max_poll_s)
+                op = InvocationOp("get", inv.invocation_id)
+            r = await self._post(inv, {ENVELOPE_KEY: op.to_envelope()}, LONG_POLL_S + 30.0)
+            state = _check_reply(r, "get request")
+        status = state.get("status")
+        if status != "completed":
+            raise AgentFault(
+                RolloutStatus.CRASHED,
+                f"the agent process lost the invocation (state {status!r}): it was restarted "
+                "or crashed mid-rollout",
+            )
+        if "error" in state:
+            raise AgentFault(RolloutStatus.CRASHED, str(state["error"]))
+        return state.get("result")
+
+    async def cancel(self, inv: Invocation) -> None:
+        """Ask the agent to cancel the invocation; best effort, errors ignored."""
+        op = InvocationOp("cancel", inv.invocation_id)
+        try:
+            await self._post(inv, {ENVELOPE_KEY: op.to_envelope()}, 5.0)
+        except httpx.HTTPError:
+            pass
+
+
+class S3Channel:
+    """agentcore-rl-toolkit's S3 contract: the agent saves its result, we poll for the object."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        bucket: str,
+        exp_id: str,
+        endpoint_url: str = "",
+        poll_interval_s: float = 0.1,
+        max_poll_s: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.exp_id = exp_id
+        self.endpoint_url = endpoint_url or None
+        self.poll_interval_s = poll_interval_s
+        self.max_poll_s = max_poll_s
+        self._s3: Any = None
+        self._pool = ThreadPoolExecutor(32, thread_name_prefix="s3-poll")
+
+    def _client(self) -> Any:
+        if self._s3 is None:
+            import boto3  # lazy: only the S3 channel needs it
+
+            self._s3 = boto3.client("s3", endpoint_url=self.endpoint_url)
+        return self._s3
+
+    async def _call(self, fn: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(**kwargs))
+
+    async def run(self, inv: Invocation) -> Any:
+        """Fire the invocation with ``_rollout`` S3 fields and wait for the result object.
+
+        Raises:
+            AgentFault: the agent refused it, or its process died before saving a result.
+            httpx.TransportError: the process could not be reached.
+        """
+        from botocore.exceptions import ClientError
+
+        s3 = self._client()
+        rollout = {
+            "exp_id": self.exp_id,
+            "input_id": inv.group_id,
+            "s3_bucket": self.bucket,
+            **{
+                k: inv.payload["_config"][k]
+                for k in ("base_url", "model_id", "api_key", "sampling_params")
+            },
+        }
+        r = await self.client.post(
+            f"{inv.proc.base_url}/invocations",
+            content=json.dumps({**inv.payload, ROLLOUT_KEY: rollout}),
+            headers={SESSION_HEADER: inv.session_id, "content-type": "application/json"},
+            timeout=30.0,
+        )
+        reply = _check_reply(r, "rollout request")
+        key = s3_result_key(self.exp_id, inv.group_id, inv.session_id)
+        if isinstance(reply, dict) and isinstance(reply.get("result_key"), str):
+            key = reply["result_key"]
+        delay = self.poll_interval_s
+        while True:
+            try:
+                await self._call(s3.head_object, Bucket=self.bucket, Key=key)
+                break
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                if code not in ("404", "NoSuchKey", "NotFound"):
+                    raise AgentFault(
+                        RolloutStatus.CRASHED, f"S3 head_object {key!r} failed: {exc}"
+                    ) from exc
+            if not inv.proc.alive() or inv.proc.restarts != inv.generation:
+                raise AgentFault(
+                    RolloutStatus.CRASHED,
+                    f"the agent process exited before saving s3://{self.bucket}/{key}",
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, self.max_poll_s)
+        obj = await self._call(s3.get_object, Bucket=self.bucket, Key=key)
+        body = await self._call(obj["Body"].read)
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise AgentFault(
+                RolloutStatus.CRASHED, f"s3://{self.bucket}/{key} is not JSON: {body[:200]!r}"
+            ) from exc
+
+    async def cancel(self, inv: Invocation) -> None:
+        """The toolkit's app has no cancel; AgentCore would stop the session. Nothing to do locally."""
+
+    def close(self) -> None:
+        """Release the polling threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

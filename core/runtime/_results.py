@@ -1,0 +1,91 @@
+"""Turn what an agent returned into a ``RolloutResult``.
+
+Defines ``result_from_output`` (a handler's dict, either toolkit shape) and
+``extract_reward``. Shared by every runtime so that "missing", "not a number"
+and "crashed" mean the same thing whichever channel carried the result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from core.types import RolloutResult, RolloutStatus
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def extract_reward(output: dict[str, Any]) -> tuple[RolloutStatus, float | None, str | None]:
+    """Find the reward under ``reward`` (``AgentCoreRuntimeApp``) or ``rewards`` (``AgentCoreRLApp``).
+
+    A list counts by its last element, as the toolkit's consumers do. Strings,
+    booleans, NaN and infinities are invalid: a reward that only looks numeric
+    is a bug in the agent, and training on a coerced value would hide it.
+
+    Returns:
+        ``(status, reward, error)``: ``OK`` with a finite float, or a failed
+        status with a message naming the offending value.
+    """
+    key = "reward" if "reward" in output else "rewards" if "rewards" in output else None
+    if key is None:
+        return (
+            RolloutStatus.NO_REWARD,
+            None,
+            f"the agent's result has no 'reward' (keys: {sorted(output)!r}); "
+            "return {'reward': <float>, 'metrics': {...}}",
+        )
+    value = output[key]
+    if isinstance(value, list | tuple):
+        if not value:
+            return RolloutStatus.NO_REWARD, None, f"the agent's {key!r} is an empty list"
+        value = value[-1]
+    if value is None:
+        return RolloutStatus.NO_REWARD, None, f"the agent's {key!r} is null"
+    if not _is_number(value) or not math.isfinite(float(value)):
+        return (
+            RolloutStatus.INVALID_REWARD,
+            None,
+            f"the agent's {key!r} must be a finite number, got {value!r:.200}",
+        )
+    return RolloutStatus.OK, float(value), None
+
+
+def _metrics(output: dict[str, Any]) -> dict[str, float]:
+    raw = output.get("metrics")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): float(v) for k, v in raw.items() if _is_number(v) and math.isfinite(float(v))}
+
+
+def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> RolloutResult:
+    """Map a handler's return value (or a toolkit S3 error record) to a ``RolloutResult``."""
+    if not isinstance(output, dict):
+        return RolloutResult(
+            rollout_id,
+            RolloutStatus.NO_REWARD,
+            error=f"the agent returned {type(output).__name__}, not a dict with 'reward'",
+            elapsed_s=elapsed_s,
+        )
+    status_code = output.get("status_code")
+    if isinstance(status_code, int) and not isinstance(status_code, bool) and status_code >= 400:
+        # AgentCoreRLApp's error record: {"status_code": 500, "stop_reason", "traceback"}.
+        text = output.get("traceback") or output.get("stop_reason") or "agent failed"
+        return RolloutResult(
+            rollout_id, RolloutStatus.CRASHED, error=str(text), elapsed_s=elapsed_s
+        )
+    status, reward, error = extract_reward(output)
+    return RolloutResult(
+        rollout_id,
+        status,
+        reward=reward,
+        metrics=_metrics(output),
+        error=error,
+        elapsed_s=elapsed_s,
+    )
+
+
+def failed(rollout_id: str, status: RolloutStatus, error: str, elapsed_s: float) -> RolloutResult:
+    """A failed result (shorthand used by the runtimes)."""
+    return RolloutResult(rollout_id, status, error=error, elapsed_s=elapsed_s)

@@ -1,0 +1,370 @@
+"""The ``local`` runtime: the user's agent app served by a pool of local processes.
+
+Defines ``LocalRuntime`` (a ``core.interfaces.RolloutRuntime``).
+
+Each of ``num_processes`` servers (``python -m core.agent module:attr``) serves
+many sessions at once, each session in its own directory. A rollout goes to
+the least busy healthy process, is started in the background and its output
+collected over HTTP (start/get, long-polled) or S3. Every agent fault comes
+back as a failed ``RolloutResult``; a process that died is restarted while the
+rest of the pool keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.errors import ConfigError, RuntimeStartError
+from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
+from core.runtime._process import AgentProcess
+from core.runtime._results import failed, result_from_output
+from core.runtime.config import LocalRuntimeConfig
+from core.types import RolloutRequest, RolloutResult, RolloutStatus
+
+logger = logging.getLogger("core.runtime.local")
+
+
+def _config_field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(LocalRuntimeConfig)}
+
+
+class LocalRuntime:
+    """Runs rollouts on a pool of local agent server processes.
+
+    Example:
+        >>> rt = LocalRuntime("examples.math_agent.agent:app", num_processes=2)
+        >>> await rt.start()
+        >>> result = await rt.run_rollout(request)
+        >>> await rt.aclose()
+
+    Args:
+        agent: The agent app as ``module:attribute`` (importable from the current
+            working directory or the environment's ``sys.path``).
+        config: Pool settings; keyword ``overrides`` replace single fields.
+        env: Extra environment variables for the agent processes.
+        **overrides: Any ``LocalRuntimeConfig`` field, e.g. ``num_processes=4``.
+
+    Raises:
+        ConfigError: ``agent`` is not ``module:attribute`` or a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        *,
+        config: LocalRuntimeConfig | None = None,
+        env: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> None:
+        unknown = set(overrides) - _config_field_names()
+        if unknown:
+            raise ConfigError(
+                f"unknown LocalRuntime settings {sorted(unknown)!r}; "
+                f"known: {sorted(_config_field_names())!r}"
+            )
+        self.config = dataclasses.replace(config or LocalRuntimeConfig(), **overrides)
+        module, sep, attr = agent.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(
+                f"the agent must be 'module:attribute' (e.g. 'examples.math_agent.agent:app'), got {agent!r}"
+            )
+        c = self.config
+        if c.num_processes < 1 or c.max_concurrency < 1:
+            raise ConfigError(
+                f"runtime.num_processes and runtime.max_concurrency must be >= 1, "
+                f"got {c.num_processes!r} and {c.max_concurrency!r}"
+            )
+        if c.result_channel not in ("http", "s3"):
+            raise ConfigError(
+                f"runtime.result_channel must be 'http' or 's3', got {c.result_channel!r}"
+            )
+        if c.result_channel == "s3" and not c.s3_bucket:
+            raise ConfigError("runtime.result_channel=s3 needs runtime.s3_bucket")
+        self.agent = agent
+        self.env = dict(env or {})
+        self._root: Path | None = None
+        self._own_root = False
+        self._procs: list[AgentProcess] = []
+        self._client: httpx.AsyncClient | None = None
+        self._channel: HttpChannel | S3Channel | None = None
+        self._sem = asyncio.Semaphore(c.max_concurrency)
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._cancelled: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LocalRuntime:
+        """Build from the composed Hydra config (``cfg.runtime``, ``cfg.task.agent``, ``cfg.task.agent_env``)."""
+        agent = str(cfg.task.agent or "")
+        if not agent:
+            raise ConfigError(
+                "task.agent is empty; set it to the agent app, e.g. task.agent=my_agent:app"
+            )
+        names = _config_field_names()
+        values = {k: cfg.runtime[k] for k in names if k in cfg.runtime}
+        env = {str(k): str(v) for k, v in dict(cfg.task.get("agent_env") or {}).items()}
+        return cls(agent, config=LocalRuntimeConfig(**values), env=env)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def processes(self) -> list[AgentProcess]:
+        """The pool (for inspection and fault tests)."""
+        return list(self._procs)
+
+    @property
+    def root(self) -> Path | None:
+        """Folder holding process logs (``p<i>.log``) and session directories."""
+        return self._root
+
+    async def start(self) -> None:
+        """Spawn the pool and wait until every process answers ``/ping``.
+
+        Raises:
+            RuntimeStartError: a process exited or never listened; the message has its log tail.
+        """
+        if self._started:
+            return
+        if self._closed:
+            raise RuntimeStartError("this LocalRuntime was closed; create a new one")
+        c = self.config
+        if c.workdir:
+            self._root = Path(c.workdir)
+            self._root.mkdir(parents=True, exist_ok=True)
+        else:
+            self._root = Path(tempfile.mkdtemp(prefix="tracerl-local-"))
+            self._own_root = True
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=c.max_concurrency + 8 * c.num_processes,
+                max_keepalive_connections=c.max_concurrency + 8 * c.num_processes,
+            ),
+            timeout=30.0,
+            trust_env=False,
+        )
+        if c.result_channel == "s3":
+            self._channel = S3Channel(
+                self._client,
+                bucket=c.s3_bucket,
+                exp_id=c.s3_exp_id,
+                endpoint_url=c.s3_endpoint_url,
+                poll_interval_s=max(c.poll_interval_s, 0.05),
+            )
+        else:
+            self._channel = HttpChannel(self._client, poll_interval_s=c.poll_interval_s)
+        self._procs = [
+            AgentProcess(i, self.agent, self._root, env=self.env, python=c.python, host=c.host)
+            for i in range(c.num_processes)
+        ]
+        for proc in self._procs:
+            proc.spawn()
+        client = self._client
+        results = await asyncio.gather(
+            *(p.wait_ready(client, c.startup_timeout_s) for p in self._procs),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self._shutdown()
+            raise (
+                errors[0]
+                if isinstance(errors[0], RuntimeStartError)
+                else RuntimeStartError(f"agent pool failed to start: {errors[0]!r}")
+            )
+        self._started = True
+
+    async def aclose(self) -> None:
+        """Cancel rollouts in flight, stop the pool, remove the temporary folder; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for rollout_id, task in list(self._tasks.items()):
+            self._cancelled.add(rollout_id)
+            task.cancel()
+        await asyncio.sleep(0)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*(p.stop() for p in self._procs), return_exceptions=True)
+        if isinstance(self._channel, S3Channel):
+            self._channel.close()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self._own_root and self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+        self._started = False
+
+    # -- rollouts ---------------------------------------------------------------------
+
+    async def cancel(self, rollout_id: str) -> None:
+        """Stop a rollout in flight; its ``run_rollout`` returns ``CRASHED`` with ``cancelled``."""
+        task = self._tasks.get(rollout_id)
+        if task is not None and not task.done():
+            self._cancelled.add(rollout_id)
+            task.cancel()
+
+    def _payload(self, request: RolloutRequest) -> dict[str, Any]:
+        return {
+            **request.payload,
+            "_config": {
+                "base_url": request.base_url,
+                "model_id": request.model_id,
+                "api_key": request.session_id,
+                "sampling_params": dict(request.sampling_params),
+            },
+        }
+
+    async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
+        """Run one rollout; never raises for agent faults (see ``RolloutRuntime``)."""
+        rid = request.rollout_id
+        if not self._started or self._closed:
+            state = "closed" if self._closed else "not started; await runtime.start() first"
+            return failed(rid, RolloutStatus.REJECTED, f"the local runtime is {state}", 0.0)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[rid] = task
+        t0 = time.monotonic()
+        inv: Invocation | None = None
+        try:
+            async with self._sem:
+                t0 = time.monotonic()  # queueing for a slot is not the rollout's time
+                try:
+                    async with asyncio.timeout(request.timeout_s):
+                        try:
+                            inv = await self._invocation(request)
+                        except AgentFault as fault:
+                            return failed(rid, fault.status, str(fault), time.monotonic() - t0)
+                        return await self._run(inv, rid, t0)
+                except TimeoutError:
+                    if inv is not None:
+                        await self._cancel_remote(inv)
+                    return failed(
+                        rid,
+                        RolloutStatus.TIMEOUT,
+                        f"the rollout ran past its {request.timeout_s:g}s timeout and was cancelled",
+                        time.monotonic() - t0,
+                    )
+        except asyncio.CancelledError:
+            if rid not in self._cancelled:
+                raise
+            if inv is not None:
+                await self._cancel_remote(inv)
+            return failed(
+                rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0
+            )
+        finally:
+            self._tasks.pop(rid, None)
+            self._cancelled.discard(rid)
+            if inv is not None:
+                inv.proc.in_flight -= 1
+                if not self.config.keep_workdirs:
+                    self._remove_workdir(inv)
+
+    async def _invocation(self, request: RolloutRequest) -> Invocation:
+        proc = await self._pick()
+        proc.in_flight += 1
+        return Invocation(
+            proc=proc,
+            generation=proc.restarts,
+            session_id=request.session_id,
+            invocation_id=uuid.uuid4().hex,
+            payload=self._payload(request),
+            group_id=request.group_id,
+        )
+
+    async def _pick(self) -> AgentProcess:
+        """The least busy healthy process; waits while a restart is under way."""
+        while True:
+            healthy = []
+            for proc in self._procs:
+                if proc.alive():
+                    if proc.healthy:
+                        healthy.append(proc)
+                else:  # died, maybe while idle: replace it in the background
+                    self._schedule_restart(proc)
+            if healthy:
+                return min(healthy, key=lambda p: p.in_flight)
+            if not self._background:
+                raise _NoProcess(
+                    "no agent process is healthy and none can be restarted "
+                    f"(max_restarts={self.config.max_restarts}); see the logs in {str(self._root)!r}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def _run(self, inv: Invocation, rid: str, t0: float) -> RolloutResult:
+        assert self._channel is not None
+        try:
+            output = await self._channel.run(inv)
+        except AgentFault as fault:
+            if fault.status is RolloutStatus.CRASHED and not inv.proc.alive():
+                self._schedule_restart(inv.proc)
+            return failed(rid, fault.status, str(fault), time.monotonic() - t0)
+        except httpx.HTTPError as exc:
+            return await self._transport_failure(inv, rid, exc, t0)
+        return result_from_output(rid, output, time.monotonic() - t0)
+
+    async def _transport_failure(
+        self, inv: Invocation, rid: str, exc: Exception, t0: float
+    ) -> RolloutResult:
+        proc = inv.proc
+        for _ in range(20):  # a killed process drops its sockets a moment before it is reaped
+            if not proc.alive():
+                break
+            await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        if proc.proc is not None and proc.proc.poll() is not None:
+            what = f"agent process {proc.index} (pid {proc.pid}) exited with code {proc.proc.returncode} mid-rollout"
+            self._schedule_restart(proc)
+        else:
+            what = f"agent process {proc.index} could not be reached ({type(exc).__name__}: {exc})"
+        return failed(rid, RolloutStatus.CRASHED, f"{what}; log: {proc.log_path}", elapsed)
+
+    def _schedule_restart(self, proc: AgentProcess) -> None:
+        proc.healthy = False
+        if self._closed or proc.restarts >= self.config.max_restarts:
+            return
+        if any(t.get_name() == f"restart-{proc.index}" for t in self._background):
+            return
+        assert self._client is not None
+        task = asyncio.create_task(
+            proc.restart(self._client, self.config.startup_timeout_s), name=f"restart-{proc.index}"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        logger.warning(
+            "agent process %d died; restarting it (restart %d)", proc.index, proc.restarts + 1
+        )
+
+    async def _cancel_remote(self, inv: Invocation) -> None:
+        if self._channel is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._channel.cancel(inv)), timeout=5)
+        except (TimeoutError, asyncio.CancelledError):
+            pass
+
+    def _remove_workdir(self, inv: Invocation) -> None:
+        if self._root is None:
+            return
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in inv.session_id)[:200]
+        shutil.rmtree(self._root / "sessions" / (safe.lstrip(".") or "_"), ignore_errors=True)
+
+
+class _NoProcess(AgentFault):
+    def __init__(self, message: str) -> None:
+        super().__init__(RolloutStatus.CRASHED, message)

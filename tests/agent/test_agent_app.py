@@ -1,0 +1,233 @@
+"""The agent app's HTTP contract, driven in-process through httpx's ASGITransport.
+
+The runtime tests (tests/runtime) serve the same app in real uvicorn processes;
+here we check the protocol edge cases fast and deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from core.agent import SESSION_HEADER, AgentApp, AgentCoreRuntimeApp, ModelConfig, RequestContext
+
+ENV = "_agentcore_runtime"
+
+
+def _op(operation: str, inv: str, **extra: Any) -> dict[str, Any]:
+    return {ENV: {"version": 1, "operation": operation, "invocation_id": inv, **extra}}
+
+
+def _run(app: AgentApp, body: Callable[[httpx.AsyncClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as client:
+            await body(client)
+
+    asyncio.run(main())
+
+
+async def _post(client: httpx.AsyncClient, payload: Any, session: str = "s1") -> httpx.Response:
+    return await client.post(
+        "/invocations", content=json.dumps(payload), headers={SESSION_HEADER: session}
+    )
+
+
+def test_start_get_long_poll_and_idempotent_start(tmp_path: Path) -> None:
+    app = AgentApp(workdir_root=tmp_path)
+    calls: list[str] = []
+
+    @app.entrypoint
+    async def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        calls.append(context.session_id)
+        await asyncio.sleep(0.2)
+        cfg = ModelConfig.from_payload(payload)
+        return {"reward": 1.0, "key": cfg.api_key, "dir": str(context.workdir)}
+
+    async def body(client: httpx.AsyncClient) -> None:
+        payload = {
+            "q": 1,
+            "_config": {"base_url": "http://gw/v1", "model_id": "m", "api_key": "sid-1"},
+        }
+        r = await _post(client, {**payload, **_op("start", "inv1", background=True)})
+        assert r.status_code == 200 and r.json()["status"] == "in_progress"
+        assert (await client.get("/ping")).json()["status"] == "HealthyBusy"
+        again = await _post(client, {**payload, **_op("start", "inv1", background=True)})
+        assert again.json()["status"] == "in_progress"
+        r = await _post(client, _op("get", "inv1", wait_s=5))
+        state = r.json()
+        assert state["status"] == "completed"
+        assert state["result"]["reward"] == 1.0 and state["result"]["key"] == "sid-1"
+        assert Path(state["result"]["dir"]) == tmp_path / "s1"
+        assert (await client.get("/ping")).json()["status"] == "Healthy"
+        assert calls == ["s1"]  # the retried start did not run the handler twice
+        other = await _post(client, _op("get", "inv1"), session="s2")
+        assert other.json()["status"] == "not_found"  # ids are per session
+
+    _run(app, body)
+
+
+def test_handler_exception_becomes_failed_result_with_traceback() -> None:
+    app = AgentApp()
+
+    @app.entrypoint
+    def handler(payload: dict[str, Any]) -> dict[str, Any]:
+        raise ZeroDivisionError(f"bad input {payload['x']}")
+
+    async def body(client: httpx.AsyncClient) -> None:
+        await _post(client, {"x": 7, **_op("start", "a", background=True)})
+        state = (await _post(client, _op("get", "a", wait_s=5))).json()
+        assert state["status"] == "completed"
+        assert "Traceback" in state["error"] and "ZeroDivisionError: bad input 7" in state["error"]
+        assert "result" not in state
+
+    _run(app, body)
+
+
+def test_cancel_stops_a_hanging_handler() -> None:
+    app = AgentApp()
+
+    @app.entrypoint
+    async def handler(payload: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"reward": 1.0}
+
+    async def body(client: httpx.AsyncClient) -> None:
+        await _post(client, _op("start", "h", background=True))
+        state = (await _post(client, _op("cancel", "h"))).json()
+        assert state["status"] == "completed" and "cancelled" in state["error"]
+        assert (await client.get("/ping")).json()["status"] == "Healthy"
+
+    _run(app, body)
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        (_op("start", "bad id!"), "invocation_id"),
+        ({ENV: {"version": 2, "operation": "start", "invocation_id": "a"}}, "version"),
+        (_op("get", "a", background=True), "background"),
+        (_op("start", "a", extra=1), "unknown fields"),
+        ({"_rollout": {"exp_id": "e", "s3_bucket": "b"}}, "input_id"),
+    ],
+)
+def test_bad_envelopes_are_400_naming_the_field(payload: dict[str, Any], needle: str) -> None:
+    app = AgentApp()
+    app.entrypoint(lambda p: {"reward": 0.0})
+
+    async def body(client: httpx.AsyncClient) -> None:
+        r = await _post(client, payload)
+        assert r.status_code == 400
+        assert needle in r.json()["error"]
+
+    _run(app, body)
+
+
+def test_non_json_and_non_object_bodies_are_400() -> None:
+    app = AgentApp()
+    app.entrypoint(lambda p: {"reward": 0.0})
+
+    async def body(client: httpx.AsyncClient) -> None:
+        r = await client.post("/invocations", content=b"{nope")
+        assert r.status_code == 400 and "not JSON" in r.json()["error"]
+        r = await client.post("/invocations", content=b"[1, 2]")
+        assert r.status_code == 400 and "JSON object" in r.json()["error"]
+
+    _run(app, body)
+
+
+def test_plain_request_background_vs_foreground() -> None:
+    bg = AgentApp()
+    bg.entrypoint(lambda p: {"reward": p["r"]})
+    fg = AgentCoreRuntimeApp()  # the toolkit's default: no envelope means wait for the handler
+    fg.entrypoint(lambda p: {"reward": p["r"]})
+
+    async def body_bg(client: httpx.AsyncClient) -> None:
+        state = (await _post(client, {"r": 0.25})).json()
+        assert state["status"] == "in_progress"
+        got = (await _post(client, _op("get", state["invocation_id"], wait_s=5))).json()
+        assert got["result"] == {"reward": 0.25}
+
+    async def body_fg(client: httpx.AsyncClient) -> None:
+        assert (await _post(client, {"r": 0.75})).json() == {"reward": 0.75}
+
+    _run(bg, body_bg)
+    _run(fg, body_fg)
+
+
+def test_rollout_shape_without_s3_answers_processing() -> None:
+    app = AgentApp()
+    seen: list[ModelConfig] = []
+
+    @app.rollout_entrypoint
+    def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        seen.append(ModelConfig.from_payload(payload))
+        return {"rewards": [0.0, 1.0]}
+
+    async def body(client: httpx.AsyncClient) -> None:
+        payload = {
+            "_rollout": {
+                "base_url": "http://gw/v1",
+                "model_id": "m",
+                "sampling_params": {"temperature": 0.5},
+            }
+        }
+        reply = (await _post(client, payload)).json()
+        assert reply["status"] == "processing" and "result_key" not in reply
+        got = (await _post(client, _op("get", reply["invocation_id"], wait_s=5))).json()
+        assert got["result"] == {"rewards": [0.0, 1.0]}
+        assert seen[0].sampling_params == {"temperature": 0.5} and seen[0].api_key == "EMPTY"
+
+    _run(app, body)
+
+
+def test_model_config_prefers_config_and_explains_missing_url() -> None:
+    cfg = ModelConfig.from_payload(
+        {
+            "_rollout": {"base_url": "http://old/v1", "model_id": "a"},
+            "_config": {"base_url": "http://gw/v1", "api_key": "sid"},
+        }
+    )
+    assert (cfg.base_url, cfg.model_id, cfg.api_key) == ("http://gw/v1", "a", "sid")
+    with pytest.raises(ValueError, match="no model base_url"):
+        ModelConfig.from_payload({"prompt": "hi"})
+
+
+def test_nan_reward_reaches_the_caller_instead_of_a_500() -> None:
+    app = AgentApp()
+    app.entrypoint(lambda p: {"reward": float("nan")})
+
+    async def body(client: httpx.AsyncClient) -> None:
+        await _post(client, _op("start", "n", background=True))
+        r = await _post(client, _op("get", "n", wait_s=5))
+        assert r.status_code == 200
+        assert "NaN" in r.text and r.json()["status"] == "completed"
+
+    _run(app, body)
+
+
+def test_no_entrypoint_is_a_clear_500() -> None:
+    async def body(client: httpx.AsyncClient) -> None:
+        r = await _post(client, {"x": 1})
+        assert r.status_code == 500 and "@app.entrypoint" in r.json()["error"]
+
+    _run(AgentApp(), body)
+
+
+def test_cli_rejects_a_bad_agent_spec() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.agent", "no_colon_here", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "module:attribute" in proc.stderr
