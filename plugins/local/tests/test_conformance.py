@@ -1,0 +1,17 @@
+"""The local backend passes core's backend conformance suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.testing.conformance import BackendConformance
+from tracerl_local.backend import LocalBackend
+from tracerl_local.config import LocalBackendConfig
+
+
+class TestLocalBackendConformance(BackendConformance):
+    logprob_atol = 1e-4
+
+    @pytest.fixture
+    def backend(self) -> LocalBackend:
+        return LocalBackend(LocalBackendConfig(), seed=0)
