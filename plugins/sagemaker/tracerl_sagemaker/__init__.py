@@ -1,0 +1,5 @@
+"""tracerl-sagemaker: the SageMaker training-sessions backend (``backend=sagemaker``)."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
