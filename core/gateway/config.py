@@ -26,3 +26,9 @@ class GatewayConfig:
     """Extra arguments for ``apply_chat_template`` (e.g. ``enable_thinking: false``)."""
     max_body_bytes: int = 8_000_000
     """Largest request body accepted (413 beyond)."""
+    allow_sampling_overrides: bool = False
+    """Let requests set temperature/top_p/top_k. Off for training: the session's values
+    win so the trainer knows the distribution its logprobs came from (max_tokens may
+    always be lowered and stop strings always added; each turn's params are recorded)."""
+    admin_token: str = ""
+    """Token the admin routes require; empty generates a random one at start."""

@@ -1,0 +1,128 @@
+"""Admin routes: create, inspect, finish and drop sessions over HTTP (token required).
+
+Defines ``admin_routes(gateway)`` and the pydantic ``CreateSessionBody``.
+The admin token travels as ``Authorization: Bearer <token>`` or ``X-Admin-Token``;
+a missing token is 401, a wrong one 403.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from core.gateway.errors import GatewayError, bad_request, forbidden, openai_envelope, unauthorized
+from core.types import SamplingParams
+
+if TYPE_CHECKING:
+    from core.gateway.service import Gateway
+
+__all__ = ["CreateSessionBody", "admin_routes"]
+
+
+class SamplingBody(BaseModel):
+    """Session sampling defaults (``core.types.SamplingParams`` fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    seed: int | None = None
+
+
+class CreateSessionBody(BaseModel):
+    """Body of ``POST /admin/sessions`` (every field optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sampling: SamplingBody | None = None
+    max_context_tokens: int | None = Field(None, ge=0)
+    metadata: dict[str, Any] = {}
+    history_mode: Literal["linear", "tree"] | None = None
+    allow_sampling_overrides: bool | None = None
+
+
+def _check_admin(gateway: Gateway, request: Request) -> None:
+    auth = request.headers.get("authorization", "")
+    token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-admin-token", "")
+    if not token:
+        raise unauthorized("admin routes need the admin token (Authorization: Bearer <token> or X-Admin-Token)")
+    if not secrets.compare_digest(token.encode(), gateway.admin_token.encode()):
+        raise forbidden("wrong admin token (it is printed at start and is GatewayServer.admin_token)")
+
+
+def _rows_json(rows: list[Any]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(r) for r in rows]
+
+
+def admin_routes(gateway: Gateway) -> list[Route]:
+    """The admin route table bound to ``gateway``."""
+
+    def wrap(fn: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            try:
+                _check_admin(gateway, request)
+                return JSONResponse(await fn(request))
+            except GatewayError as err:
+                return JSONResponse(openai_envelope(err), status_code=err.status)
+
+        return endpoint
+
+    async def create(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            body = CreateSessionBody.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise bad_request(f"invalid session settings at {where!r}: {first['msg']}") from None
+        sampling = None
+        if body.sampling is not None:
+            d = body.sampling.model_dump()
+            d["stop"], d["stop_token_ids"] = tuple(d["stop"]), tuple(d["stop_token_ids"])
+            try:
+                sampling = SamplingParams(**d)
+            except ValueError as exc:
+                raise bad_request(f"invalid sampling: {exc}") from None
+        sid = gateway.create_session(
+            sampling=sampling,
+            max_context_tokens=body.max_context_tokens,
+            metadata=body.metadata,
+            history_mode=body.history_mode,
+            allow_sampling_overrides=body.allow_sampling_overrides,
+        )
+        base = str(request.base_url).rstrip("/")
+        return {"session_id": sid, "base_url": f"{base}/v1", "session_base_url": f"{base}/sessions/{sid}/v1"}
+
+    async def listing(request: Request) -> Any:
+        return {"sessions": [s.summary() for s in gateway.sessions()]}
+
+    async def info(request: Request) -> Any:
+        return gateway.session(request.path_params["sid"]).summary()
+
+    async def trace(request: Request) -> Any:
+        return {"rows": _rows_json(gateway.peek_rows(request.path_params["sid"]))}
+
+    async def finish(request: Request) -> Any:
+        return {"rows": _rows_json(gateway.finish_session(request.path_params["sid"]))}
+
+    async def drop(request: Request) -> Any:
+        gateway.session(request.path_params["sid"])
+        gateway.drop_session(request.path_params["sid"])
+        return {"dropped": True}
+
+    return [
+        Route("/admin/sessions", wrap(create), methods=["POST"]),
+        Route("/admin/sessions", wrap(listing), methods=["GET"]),
+        Route("/admin/sessions/{sid}", wrap(info), methods=["GET"]),
+        Route("/admin/sessions/{sid}", wrap(drop), methods=["DELETE"]),
+        Route("/admin/sessions/{sid}/trace", wrap(trace), methods=["GET"]),
+        Route("/admin/sessions/{sid}/finish", wrap(finish), methods=["POST"]),
+    ]

@@ -1,0 +1,185 @@
+"""A session's message tree, its generated turns, and the rows they pack into.
+
+Defines:
+
+- ``Turn``: one generated turn; its tokens live in a buffer shared along a
+  chain of turns (a child that extends its parent appends in place), so a
+  session's memory stays linear in its context, not quadratic.
+- ``Node``: one canonical message in the tree; generated assistant messages
+  carry their ``Turn``.
+- ``match_path``: how far a request's messages follow the tree (raw JSON
+  compared first, canonical form only on a miss).
+- ``reserve_prompt`` / ``release``: build the prompt that extends a served turn.
+- ``build_rows``: pack the turns into ``TraceRecord`` rows.
+
+Packing: every turn's prompt starts with the exact tokens of the turn it
+extends (its ``parent``), so each chain from a first turn to a leaf is one row.
+A turn that several rows share is trained (``loss_mask`` 1) in the first row
+only and is context (mask 0, logprob 0.0) in the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.gateway.messages import Unit
+from core.types import FinishReason, TraceRecord, TurnSpan
+
+__all__ = ["Node", "Turn", "build_rows", "match_path", "release", "reserve_prompt"]
+
+
+@dataclass(eq=False, slots=True)
+class Turn:
+    """One generated turn: ``buf[:prompt_len]`` was fed, ``buf[prompt_len:end]`` generated."""
+
+    buf: list[int]
+    """Token buffer shared with the turns of the same chain (only ever appended to)."""
+    prompt_len: int
+    """Tokens fed to the model for this turn."""
+    end: int
+    """One past the turn's last generated token."""
+    logprobs: list[float]
+    """Sampler logprobs of the generated tokens."""
+    finish_reason: FinishReason
+    """Why the sampler stopped."""
+    weight_version: int
+    """Weights that generated the turn."""
+    params: dict[str, Any]
+    """Sampling parameters actually used (temperature, top_p, top_k, max_tokens)."""
+    parent: Turn | None
+    """The turn whose served tokens this prompt extends; None after a full render."""
+    emitted_closer: str
+    """Text of the stop token the turn ended with (``<|im_end|>``), or ''."""
+    ill_formed: bool = False
+    """The turn tried to call a tool and the call did not parse."""
+    extended: bool = False
+    """A child already appends to ``buf`` in place; further children copy."""
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """One canonical message (or one wire unit's messages) in the session tree."""
+
+    canon: list[dict[str, Any]]
+    """Canonical message(s) of the unit."""
+    raw: Any = None
+    """The wire JSON last matched to it; equality with it skips conversion."""
+    turn: Turn | None = None
+    """Set on generated assistant messages."""
+    children: list[Node] = field(default_factory=list)
+    """Following messages, oldest first."""
+
+
+def match_path(root: Node, units: Sequence[Unit]) -> list[Node]:
+    """The tree nodes matching a prefix of ``units``, most recent branch preferred."""
+    path: list[Node] = []
+    node = root
+    for unit in units:
+        children = node.children
+        nxt = None
+        for child in reversed(children):
+            if child.raw is not None and child.raw == unit.raw:
+                nxt = child
+                break
+        if nxt is None and children:
+            canon = unit.canon()
+            for child in reversed(children):
+                if child.canon == canon:
+                    nxt = child
+                    child.raw = unit.raw
+                    break
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return path
+
+
+def reserve_prompt(parent: Turn, delta: list[int]) -> tuple[list[int], bool]:
+    """The prompt ``parent``'s tokens + ``delta``; appended in place when no other child did.
+
+    Returns:
+        (prompt buffer, owned) where owned means it is ``parent.buf`` and must be
+        given back with ``release`` if the turn is not recorded.
+    """
+    if not parent.extended and len(parent.buf) == parent.end:
+        parent.extended = True
+        parent.buf.extend(delta)
+        return parent.buf, True
+    buf = parent.buf[: parent.end]
+    buf.extend(delta)
+    return buf, False
+
+
+def release(parent: Turn | None, owned: bool) -> None:
+    """Undo ``reserve_prompt`` for a turn that will not be recorded."""
+    if parent is not None and owned:
+        del parent.buf[parent.end :]
+        parent.extended = False
+
+
+def build_rows(
+    session_id: str,
+    turns: Sequence[Turn],
+    *,
+    rollout_id: str | None,
+    group_id: str | None,
+    metadata: dict[str, Any],
+) -> list[TraceRecord]:
+    """Pack ``turns`` (creation order) into rows, one per chain ending in a leaf turn."""
+    parents = {id(t.parent) for t in turns if t.parent is not None}
+    trained: set[int] = set()
+    rows: list[TraceRecord] = []
+    for leaf in turns:
+        if id(leaf) in parents:
+            continue
+        chain: list[Turn] = []
+        t: Turn | None = leaf
+        while t is not None:
+            chain.append(t)
+            t = t.parent
+        chain.reverse()
+        n = leaf.end
+        token_ids = leaf.buf[:n]
+        loss_mask = [0] * n
+        logprobs = [0.0] * n
+        spans: list[TurnSpan] = []
+        shared = 0
+        for turn in chain:
+            s, e = turn.prompt_len, turn.end
+            if id(turn) in trained:
+                shared += 1
+            else:
+                trained.add(id(turn))
+                loss_mask[s:e] = [1] * (e - s)
+                logprobs[s:e] = turn.logprobs
+            spans.append(TurnSpan(s, e, turn.finish_reason, turn.weight_version))
+        meta = dict(metadata)
+        meta.update(
+            row_turns=len(chain),
+            shared_turns=shared,
+            truncated=leaf.finish_reason is FinishReason.LENGTH,
+            turn_params=[turn.params for turn in chain],
+            ill_formed_turns=sum(turn.ill_formed for turn in chain),
+        )
+        rows.append(
+            TraceRecord(
+                session_id=session_id,
+                token_ids=token_ids,
+                loss_mask=loss_mask,
+                logprobs=logprobs,
+                prompt_length=chain[0].prompt_len,
+                turns=spans,
+                row_index=len(rows),
+                rollout_id=rollout_id,
+                group_id=group_id,
+                metadata=meta,
+            )
+        )
+    forks = max(len(rows) - 1, 0)
+    for row in rows:
+        row.metadata["forks"] = forks
+        row.metadata["rows"] = len(rows)
+    return rows

@@ -1,0 +1,267 @@
+"""Client messages to the canonical chat-template form, for both wire dialects.
+
+Defines:
+
+- ``Unit``: one wire message (or the Anthropic ``system`` field) with its
+  canonical form computed lazily. History matching compares the raw JSON first
+  (a C-speed ``==``), so a message the gateway has seen before is never
+  converted again; that keeps a turn's cost independent of the history length.
+- ``openai_units`` / ``anthropic_units``: validate a request's messages and
+  wrap them as units.
+- ``openai_tools`` / ``anthropic_tools``: validate tool definitions and return
+  them in the ``{"type": "function", "function": {...}}`` form chat templates take.
+- ``canonical_tool_call``: the canonical form of one tool call.
+
+Canonical messages are plain dicts: ``role`` (system, user, assistant, tool),
+``content`` (a string), and for assistants optional ``tool_calls`` whose
+``arguments`` are a dict when they parse as a JSON object. Tool calls keep
+their ids so the same message echoed back by a client compares equal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.gateway.errors import bad_request
+
+__all__ = [
+    "Unit",
+    "anthropic_tools",
+    "anthropic_units",
+    "canonical_tool_call",
+    "openai_tools",
+    "openai_units",
+]
+
+Canon = list[dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Unit:
+    """One wire message and a converter to its canonical message(s)."""
+
+    raw: Any
+    """The message exactly as parsed from the request JSON."""
+    convert: Callable[[Any, int], Canon]
+    """Validates ``raw`` and returns its canonical messages (an Anthropic user turn may hold several)."""
+    index: int
+    """Position in the request, for error messages."""
+    _canon: Canon | None = None
+
+    def canon(self) -> Canon:
+        """The canonical messages, converted on first use (raises ``GatewayError`` if invalid)."""
+        if self._canon is None:
+            self._canon = self.convert(self.raw, self.index)
+        return self._canon
+
+
+def canonical_tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """A tool call in canonical form; JSON-object argument strings become dicts."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            arguments = parsed
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
+    """Flatten a string or a list of text parts; refuse images and other parts by name."""
+    if isinstance(content, str):
+        return content
+    if content is None and allow_none:
+        return ""
+    if isinstance(content, list):
+        out: list[str] = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise bad_request(f"{param}[{j}] must be an object, got {type(part).__name__}", param=param)
+            kind = part.get("type")
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(
+                    f"{param}[{j}] has type {kind!r}; this gateway accepts only text parts "
+                    "({'type': 'text', 'text': ...})",
+                    param=param,
+                )
+            out.append(part["text"])
+        return "".join(out)
+    raise bad_request(
+        f"{param} must be a string or a list of text parts, got {type(content).__name__}", param=param
+    )
+
+
+def _check_messages(messages: Any, param: str) -> list[Any]:
+    if not isinstance(messages, list):
+        raise bad_request(f"'{param}' must be a list of messages, got {type(messages).__name__}", param=param)
+    if not messages:
+        raise bad_request(f"'{param}' must hold at least one message, got an empty list", param=param)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"{param}[{i}] must be an object, got {type(m).__name__}", param=param)
+    return messages
+
+
+# ----------------------------------------------------------------------------- OpenAI
+
+
+def _openai_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request(f"{param} must be a list, got {type(calls).__name__}", param=param)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{param}[{j}] must be {{'function': {{'name': str, 'arguments': ...}}}}", param=param)
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str | dict):
+            raise bad_request(f"{param}[{j}].function.arguments must be a JSON string", param=param)
+        call_id = call.get("id") or ""
+        if not isinstance(call_id, str):
+            raise bad_request(f"{param}[{j}].id must be a string", param=param)
+        out.append(canonical_tool_call(call_id, fn["name"], args))
+    return out
+
+
+def _openai_convert(m: Any, i: int) -> Canon:
+    param = f"messages[{i}]"
+    role = m.get("role")
+    if role in ("system", "developer"):
+        return [{"role": "system", "content": _text(m.get("content"), f"{param}.content")}]
+    if role == "user":
+        return [{"role": "user", "content": _text(m.get("content"), f"{param}.content")}]
+    if role == "assistant":
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": _text(m.get("content"), f"{param}.content", allow_none=True),
+        }
+        calls = m.get("tool_calls")
+        if calls:
+            msg["tool_calls"] = _openai_tool_calls(calls, f"{param}.tool_calls")
+        return [msg]
+    if role == "tool":
+        call_id = m.get("tool_call_id", "")
+        if not isinstance(call_id, str):
+            raise bad_request(f"{param}.tool_call_id must be a string", param=param)
+        return [{"role": "tool", "content": _text(m.get("content"), f"{param}.content"), "tool_call_id": call_id}]
+    raise bad_request(
+        f"{param}.role is {role!r}; expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
+        param=param,
+    )
+
+
+def openai_units(messages: Any) -> list[Unit]:
+    """Wrap an OpenAI ``messages`` list (validated structurally now, fully on conversion)."""
+    return [Unit(m, _openai_convert, i) for i, m in enumerate(_check_messages(messages, "messages"))]
+
+
+def openai_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Validate OpenAI ``tools``; None when absent or empty."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request(f"'tools' must be a list, got {type(tools).__name__}", param="tools")
+    for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise bad_request(f"tools[{j}] must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{j}].function.name must be a non-empty string", param="tools")
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise bad_request(f"tools[{j}].function.parameters must be a JSON schema object", param="tools")
+    return tools
+
+
+# ----------------------------------------------------------------------------- Anthropic
+
+
+def _anthropic_system(raw: Any, i: int) -> Canon:
+    return [{"role": "system", "content": _text(raw[1], "system")}]
+
+
+def _anthropic_convert(m: Any, i: int) -> Canon:
+    param = f"messages[{i}]"
+    role = m.get("role")
+    content = m.get("content")
+    if role not in ("user", "assistant"):
+        raise bad_request(f"{param}.role is {role!r}; expected 'user' or 'assistant'", param=param)
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{param}.content must be a string or a list of blocks", param=param)
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    out: Canon = []
+    for j, block in enumerate(content):
+        bparam = f"{param}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue  # reasoning is not re-rendered by Qwen-style templates
+        elif kind == "tool_use" and role == "assistant":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                raise bad_request(f"{bparam} must have a string 'name' and an object 'input'", param=param)
+            calls.append(canonical_tool_call(str(block.get("id", "")), block["name"], block.get("input", {})))
+        elif kind == "tool_result" and role == "user":
+            if texts:
+                out.append({"role": "user", "content": "".join(texts)})
+                texts = []
+            result = block.get("content", "")
+            out.append(
+                {
+                    "role": "tool",
+                    "content": _text(result, f"{bparam}.content"),
+                    "tool_call_id": str(block.get("tool_use_id", "")),
+                }
+            )
+        else:
+            raise bad_request(
+                f"{bparam} has type {kind!r}, which this gateway does not accept in a {role!r} message "
+                "(text, tool_use in assistant turns, tool_result in user turns)",
+                param=param,
+            )
+    if role == "assistant":
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if calls:
+            msg["tool_calls"] = calls
+        return [msg]
+    if texts or not out:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def anthropic_units(system: Any, messages: Any) -> list[Unit]:
+    """Wrap an Anthropic request's ``system`` and ``messages`` as units."""
+    units: list[Unit] = []
+    if system is not None and system != "" and system != []:
+        units.append(Unit(("system", system), _anthropic_system, -1))
+    for i, m in enumerate(_check_messages(messages, "messages")):
+        units.append(Unit(m, _anthropic_convert, i))
+    return units
+
+
+def anthropic_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Validate Anthropic ``tools`` and convert them to the chat-template form."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request(f"'tools' must be a list, got {type(tools).__name__}", param="tools")
+    out = []
+    for j, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            raise bad_request(f"tools[{j}] must be an object with a non-empty string 'name'", param="tools")
+        if t.get("type") not in (None, "custom"):
+            raise bad_request(f"tools[{j}] has type {t.get('type')!r}; only custom tools are supported", param="tools")
+        schema = t.get("input_schema", {"type": "object", "properties": {}})
+        if not isinstance(schema, dict):
+            raise bad_request(f"tools[{j}].input_schema must be a JSON schema object", param="tools")
+        fn: dict[str, Any] = {"name": t["name"], "parameters": schema}
+        if isinstance(t.get("description"), str):
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out

@@ -1,0 +1,114 @@
+"""Serving the gateway with uvicorn inside the caller's asyncio loop.
+
+Defines ``GatewayServer``: ``await start()`` binds (port 0 picks a free one) and
+returns once the socket listens; ``base_url`` is the OpenAI-style URL ending in
+``/v1``; ``await stop()`` shuts down. Signal handling is left to the host
+process (uvicorn's own handlers would hijack Ctrl-C of the trainer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from core.errors import RuntimeStartError
+from core.gateway.app import build_app
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from core.gateway.service import Gateway
+
+__all__ = ["GatewayServer"]
+
+
+def _server_class() -> type[uvicorn.Server]:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return _Server
+
+
+class GatewayServer:
+    """uvicorn serving a ``Gateway`` on ``host:port`` in the running loop."""
+
+    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, public_host: str = "") -> None:
+        """Prepare (nothing binds until ``start``).
+
+        Args:
+            gateway: The gateway to serve.
+            host: Address to bind.
+            port: Port; 0 picks a free one.
+            public_host: Host agents dial, when it differs from ``host``.
+        """
+        self.gateway = gateway
+        self.host = host
+        self.port = port
+        self.public_host = public_host or host
+        self.app = build_app(gateway)
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def admin_token(self) -> str:
+        """Token the admin routes require."""
+        return self.gateway.admin_token
+
+    @property
+    def root_url(self) -> str:
+        """``http://host:port`` (the anthropic SDK's base URL)."""
+        return f"http://{self.public_host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1`` (the openai SDK's base URL)."""
+        return self.root_url + "/v1"
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        """Bind and serve in the background; returns once listening.
+
+        Raises:
+            RuntimeStartError: the port could not be bound or startup timed out.
+        """
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level="warning", access_log=False,
+            lifespan="off", timeout_keep_alive=30,
+        )
+        self._server = _server_class()(config)
+        self._task = asyncio.create_task(self._server.serve())
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self._server.started:
+            if self._task.done() or asyncio.get_running_loop().time() > deadline:
+                exc = self._task.exception() if self._task.done() else None
+                await self.stop()
+                raise RuntimeStartError(
+                    f"gateway could not start on {self.host}:{self.port}: {exc or 'startup timed out'}"
+                )
+            await asyncio.sleep(0.01)
+        sockets = [s for srv in self._server.servers for s in srv.sockets]
+        self.port = sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop serving; idempotent."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(BaseException):
+                await self._task
+        self._server = None
+        self._task = None
+
+    async def __aenter__(self) -> GatewayServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

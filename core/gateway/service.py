@@ -1,0 +1,434 @@
+"""The gateway service: sessions, turns and traces, independent of HTTP.
+
+Defines:
+
+- ``Gateway``: the in-process API the trainer uses (``create_session``,
+  ``finish_session``, ``drop_session``, ``set_sampler``) and the dialect-neutral
+  ``run_turn`` the HTTP routes call.
+- ``TurnRequest`` / ``TurnResult``: what a route hands ``run_turn`` and gets back.
+
+Sampling precedence (documented in docs/gateway.md): the session's
+``SamplingParams`` are the defaults; a request may lower ``max_tokens`` and add
+stop strings; it may set temperature/top_p/top_k only when the session allows
+overrides (``GatewayConfig.allow_sampling_overrides`` or the per-session flag),
+otherwise the session's values win and the ignored request is counted. Every
+turn records the parameters it was sampled with (row metadata ``turn_params``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import ConfigError
+from core.gateway.config import GatewayConfig
+from core.gateway.errors import (
+    GatewayError,
+    bad_request,
+    context_length_exceeded,
+    sampler_failed,
+    session_closed,
+    unauthorized,
+)
+from core.gateway.history import Node, Turn, build_rows, match_path, release, reserve_prompt
+from core.gateway.messages import Unit, canonical_tool_call
+from core.gateway.render import ChatRenderer, TailUnsupported
+from core.gateway.session import Session, new_session_id
+from core.gateway.toolparse import ParsedOutput, get_parser
+from core.interfaces import Sampler
+from core.types import FinishReason, SampleResult, SamplingParams, TraceRecord
+
+__all__ = ["Gateway", "TurnRequest", "TurnResult"]
+
+HISTORY_MODES = ("linear", "tree")
+
+
+@dataclass
+class TurnRequest:
+    """A chat request in dialect-neutral form."""
+
+    units: list[Unit]
+    """The conversation, one unit per wire message."""
+    tools: list[dict[str, Any]] | None = None
+    """Tools in chat-template form."""
+    max_tokens: int | None = None
+    """Requested generation cap (may only lower the session's)."""
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    """Extra stop strings."""
+
+
+@dataclass
+class TurnResult:
+    """What the model answered, ready for either dialect."""
+
+    content: str
+    """Assistant text (without tool-call markup unless ill-formed)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Canonical tool calls (``id``, ``function.name``, ``function.arguments`` dict)."""
+    finish_reason: FinishReason = FinishReason.STOP
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ill_formed: bool = False
+    stop_string: str | None = None
+    """The stop string that ended the turn, if one did."""
+
+
+def _check_sampler(sampler: Any) -> Sampler:
+    if not callable(getattr(sampler, "sample", None)):
+        raise ConfigError(f"sampler {sampler!r} has no async sample(prompt_token_ids, params, *, session_id) method")
+    return sampler  # type: ignore[no-any-return]
+
+
+class Gateway:
+    """Sessions, rendering, sampling and trace capture for one model."""
+
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        sampler: Sampler,
+        config: GatewayConfig | None = None,
+        model_id: str = "tracerl",
+    ) -> None:
+        """Build a gateway.
+
+        Args:
+            tokenizer: The model's Hugging Face tokenizer (chat template included).
+            sampler: Backend that generates tokens (see ``core.interfaces.Sampler``).
+            config: Rendering, history and limit settings.
+            model_id: Name reported by ``/v1/models`` and in responses.
+
+        Raises:
+            ConfigError: bad history mode, unknown tool parser, a template whose
+                tool format no parser knows, or a tokenizer without a template.
+        """
+        self.config = config or GatewayConfig()
+        if self.config.history_mode not in HISTORY_MODES:
+            raise ConfigError(f"gateway.history_mode is {self.config.history_mode!r}; choose one of {HISTORY_MODES}")
+        self.model_id = model_id
+        self.renderer = ChatRenderer(tokenizer, self.config.chat_template_kwargs)
+        self.tool_parser_name, self._parse = get_parser(self.config.tool_parser, self.renderer.template or "")
+        self._sampler = _check_sampler(sampler)
+        self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
+        self._sessions: dict[str, Session] = {}
+        eos = self.renderer.eos_token_id
+        self._stop_ids: frozenset[int] = frozenset([eos] if eos is not None else [])
+
+    # ------------------------------------------------------------------ trainer API
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler new turns use."""
+        return self._sampler
+
+    def set_sampler(self, sampler: Sampler) -> None:
+        """Rebind after a weight sync; turns already in flight finish on the old sampler."""
+        self._sampler = _check_sampler(sampler)
+
+    def create_session(
+        self,
+        *,
+        sampling: SamplingParams | None = None,
+        max_context_tokens: int | None = None,
+        metadata: dict[str, Any] | None = None,
+        history_mode: str | None = None,
+        allow_sampling_overrides: bool | None = None,
+    ) -> str:
+        """Open a session and return its id (the agent's API key).
+
+        Args:
+            sampling: Per-turn defaults; ``SamplingParams()`` when None.
+            max_context_tokens: Prompt + generation budget; None takes the config's, 0 is unlimited.
+            metadata: Free data; ``rollout_id`` and ``group_id`` are copied onto rows.
+            history_mode: ``linear`` or ``tree``; None takes the config's.
+            allow_sampling_overrides: Let requests set temperature/top_p/top_k.
+        """
+        mode = history_mode or self.config.history_mode
+        if mode not in HISTORY_MODES:
+            raise ConfigError(f"history_mode is {mode!r}; choose one of {HISTORY_MODES}")
+        budget = self.config.max_context_tokens if max_context_tokens is None else max_context_tokens
+        if budget < 0:
+            raise ConfigError(f"max_context_tokens must be >= 0 (0 = unlimited), got {budget!r}")
+        sid = new_session_id()
+        self._sessions[sid] = Session(
+            id=sid,
+            sampling=sampling or SamplingParams(),
+            max_context_tokens=budget,
+            history_mode=mode,
+            allow_sampling_overrides=(
+                self.config.allow_sampling_overrides if allow_sampling_overrides is None else allow_sampling_overrides
+            ),
+            metadata=dict(metadata or {}),
+        )
+        return sid
+
+    def session(self, sid: str) -> Session:
+        """The session ``sid`` (open or closed); 401 ``GatewayError`` when unknown."""
+        s = self._sessions.get(sid)
+        if s is None:
+            raise unauthorized(
+                f"unknown session id {_redact(sid)}: sessions are created by the trainer (or POST "
+                "/admin/sessions) and the agent passes the id as its API key; it may also have been dropped"
+            )
+        return s
+
+    def sessions(self) -> list[Session]:
+        """All sessions, open and closed."""
+        return list(self._sessions.values())
+
+    def peek_rows(self, sid: str) -> list[TraceRecord]:
+        """The rows ``sid`` would yield now, without closing it."""
+        s = self.session(sid)
+        meta = dict(s.counters)
+        meta["turns"] = len(s.turns)
+        meta["tool_parser"] = self.tool_parser_name
+        meta["history_mode"] = s.history_mode
+        meta["in_flight_at_finish"] = s.in_flight
+        rows = build_rows(
+            sid, s.turns, rollout_id=s.metadata.get("rollout_id"), group_id=s.metadata.get("group_id"), metadata=meta
+        )
+        return rows
+
+    def finish_session(self, sid: str) -> list[TraceRecord]:
+        """Close ``sid`` and return its rows; later requests get 409.
+
+        Turns still in flight are not included (``in_flight_at_finish`` says how
+        many); use ``afinish_session`` to wait for them first.
+        """
+        s = self.session(sid)
+        if s.closed:
+            raise session_closed(f"session {_redact(sid)} was already finished")
+        rows = self.peek_rows(sid)
+        s.closed = True
+        return rows
+
+    async def afinish_session(self, sid: str, *, wait_s: float = 5.0) -> list[TraceRecord]:
+        """Wait up to ``wait_s`` for in-flight turns, then ``finish_session``."""
+        s = self.session(sid)
+        if s.in_flight:
+            s.idle = s.idle or asyncio.Event()
+            try:
+                await asyncio.wait_for(s.idle.wait(), wait_s)
+            except TimeoutError:
+                pass
+        return self.finish_session(sid)
+
+    def drop_session(self, sid: str) -> None:
+        """Forget ``sid`` entirely (later requests get 401); unknown ids are ignored."""
+        s = self._sessions.pop(sid, None)
+        if s is not None:
+            s.closed = True
+
+    def open_session(self, sid: str) -> Session:
+        """The open session ``sid``: 401 when unknown, 409 when finished."""
+        s = self.session(sid)
+        if s.closed:
+            raise session_closed(
+                f"session {_redact(sid)} is finished: its trace was handed to the trainer and it accepts no more turns"
+            )
+        return s
+
+    # ------------------------------------------------------------------ turns
+
+    def count_tokens(self, units: Sequence[Unit], tools: list[dict[str, Any]] | None) -> int:
+        """Prompt tokens a request would cost rendered from scratch."""
+        return self.renderer.count([m for u in units for m in u.canon()], tools)
+
+    def _params(self, s: Session, req: TurnRequest) -> SamplingParams:
+        base = s.sampling
+        changes: dict[str, Any] = {}
+        if req.max_tokens is not None:
+            if req.max_tokens < 1:
+                raise bad_request(f"max_tokens must be >= 1, got {req.max_tokens!r}", param="max_tokens")
+            changes["max_tokens"] = min(req.max_tokens, base.max_tokens)
+        asked = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}
+        asked = {k: v for k, v in asked.items() if v is not None and v != getattr(base, k)}
+        if asked:
+            if s.allow_sampling_overrides:
+                changes.update(asked)
+            else:
+                s.counters["sampling_overrides_ignored"] += 1
+        if req.stop:
+            changes["stop"] = tuple(dict.fromkeys((*base.stop, *req.stop)))
+        if not changes:
+            return base
+        try:
+            return dataclasses.replace(base, **changes)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+
+    def _build_prompt(self, s: Session, req: TurnRequest) -> tuple[list[int], Turn | None, bool, list[Node], int]:
+        """(prompt, parent turn, owned, matched path, units matched) for this request."""
+        path = match_path(s.root, req.units)
+        k = len(path)
+        depth = k
+        if s.history_mode == "linear":
+            # Linear: the request must extend the whole current chain, ending on our turn.
+            chain_len = 0
+            node = s.root
+            while node.children:
+                node = node.children[-1]
+                chain_len += 1
+            if k < chain_len or (path and path[-1].turn is None):
+                if s.turns:
+                    s.counters["nonlinear_resets"] += 1
+                s.root = Node(canon=[])
+                path, k, depth = [], 0, 0
+        gen = next((i for i in range(depth - 1, -1, -1) if path[i].turn is not None), -1)
+        if gen >= 0:
+            parent = path[gen].turn
+            assert parent is not None
+            tail = [m for node in path[gen + 1 :] for m in node.canon]
+            tail += [m for u in req.units[k:] for m in u.canon()]
+            try:
+                delta = self.renderer.render_continuation(tail, req.tools, parent.emitted_closer)
+            except TailUnsupported:
+                s.counters["tail_fallbacks"] += 1
+            else:
+                prompt, owned = reserve_prompt(parent, delta)
+                return prompt, parent, owned, path, k
+        s.counters["full_renders"] += 1
+        messages = [m for u in req.units for m in u.canon()]
+        return self.renderer.render_prompt(messages, req.tools), None, False, path, k
+
+    async def run_turn(self, sid: str, req: TurnRequest) -> TurnResult:
+        """Render, sample, parse and record one turn of session ``sid``.
+
+        Raises:
+            GatewayError: 401/409 session problems, 400 bad input or context
+                overflow, 503 sampler failure. Cancelling the call (client gone)
+                records nothing.
+        """
+        s = self.open_session(sid)
+        if req.tools and self._parse is None:
+            raise bad_request(
+                "this gateway has no tool-call parser (gateway.tool_parser='none'), so it cannot offer tools; "
+                "set gateway.tool_parser for this model",
+                param="tools",
+            )
+        params = self._params(s, req)
+        prompt, parent, owned, path, k = self._build_prompt(s, req)
+        try:
+            if s.max_context_tokens:
+                room = s.max_context_tokens - len(prompt)
+                if room < 1:
+                    s.counters["context_length_exceeded"] += 1
+                    raise context_length_exceeded(len(prompt), s.max_context_tokens)
+                if room < params.max_tokens:
+                    params = dataclasses.replace(params, max_tokens=room)
+            prompt_len = len(prompt)
+            result = await self._sample(s, prompt, params)
+            if s.closed:
+                raise session_closed(f"session {_redact(sid)} was finished while this turn was being generated")
+        except BaseException as exc:
+            release(parent, owned)
+            if isinstance(exc, asyncio.CancelledError):
+                s.counters["disconnected_turns"] += 1
+            raise
+        return self._record(s, req, params, prompt, prompt_len, parent, path, k, result)
+
+    async def _sample(self, s: Session, prompt: list[int], params: SamplingParams) -> SampleResult:
+        sampler = self._sampler  # in-flight turns keep the sampler they started on
+        s.in_flight += 1
+        try:
+            result = await sampler.sample(prompt, params, session_id=s.id)
+        except (GatewayError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            s.counters["sampler_errors"] += 1
+            raise sampler_failed(f"the sampling backend failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            s.in_flight -= 1
+            if s.in_flight == 0 and s.idle is not None:
+                s.idle.set()
+        if not isinstance(result, SampleResult) or len(result.token_ids) > params.max_tokens:
+            s.counters["sampler_errors"] += 1
+            raise sampler_failed(
+                f"the sampler returned {type(result).__name__} with "
+                f"{len(getattr(result, 'token_ids', ()))} tokens for max_tokens={params.max_tokens}"
+            )
+        return result
+
+    def _record(
+        self,
+        s: Session,
+        req: TurnRequest,
+        params: SamplingParams,
+        prompt: list[int],
+        prompt_len: int,
+        parent: Turn | None,
+        path: list[Node],
+        k: int,
+        result: SampleResult,
+    ) -> TurnResult:
+        ids = list(result.token_ids)
+        emitted = ""
+        body = ids
+        if ids and (ids[-1] in self._stop_ids or ids[-1] in params.stop_token_ids):
+            emitted = self.renderer.decode(ids[-1:])
+            body = ids[:-1]
+        text = self.renderer.decode(body)
+        stop_string = None
+        if params.stop and not emitted and result.finish_reason is FinishReason.STOP:
+            hits = [(text.find(st), st) for st in params.stop if st and st in text]
+            if hits:
+                at, stop_string = min(hits)
+                text = text[:at]
+        parsed = self._parse(text) if (req.tools and self._parse is not None) else ParsedOutput(content=text)
+        offered = {t["function"]["name"] for t in req.tools or ()}
+        calls = []
+        for name, args in parsed.tool_calls:
+            calls.append(canonical_tool_call(f"call_{secrets.token_hex(12)}", name, args))
+            if name not in offered:
+                s.counters["unknown_tool_calls"] += 1
+        if parsed.ill_formed:
+            s.counters["ill_formed_tool_calls"] += 1
+        prompt.extend(ids)
+        turn = Turn(
+            buf=prompt,
+            prompt_len=prompt_len,
+            end=len(prompt),
+            logprobs=list(result.logprobs),
+            finish_reason=result.finish_reason,
+            weight_version=result.weight_version,
+            params={
+                "max_tokens": params.max_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+            },
+            parent=parent,
+            emitted_closer=emitted,
+            ill_formed=parsed.ill_formed,
+        )
+        s.turns.append(turn)
+        assistant: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if calls:
+            assistant["tool_calls"] = calls
+        node = path[-1] if path else s.root
+        for unit in req.units[k:]:
+            child = Node(canon=unit.canon(), raw=unit.raw)
+            node.children.append(child)
+            node = child
+        node.children.append(Node(canon=[assistant], turn=turn))
+        return TurnResult(
+            content=parsed.content,
+            tool_calls=calls,
+            finish_reason=result.finish_reason,
+            prompt_tokens=prompt_len,
+            completion_tokens=len(ids),
+            ill_formed=parsed.ill_formed,
+            stop_string=stop_string,
+        )
+
+
+def _redact(sid: str) -> str:
+    """Enough of a session id to recognise it in logs, not enough to use it."""
+    return repr(sid[:10] + "…") if len(sid) > 12 else repr(sid)

@@ -1,0 +1,91 @@
+"""One gateway session: its settings, history tree, turns and counters.
+
+Defines ``Session`` and ``new_session_id``. Sessions are created by the trainer
+(in process or over the admin routes), never implicitly by a request: an agent
+with a wrong or stale key is refused instead of feeding a shared session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.gateway.history import Node, Turn
+from core.types import SamplingParams
+
+__all__ = ["COUNTERS", "Session", "new_session_id"]
+
+COUNTERS = (
+    "ill_formed_tool_calls",
+    "unknown_tool_calls",
+    "nonlinear_resets",
+    "full_renders",
+    "tail_fallbacks",
+    "context_length_exceeded",
+    "disconnected_turns",
+    "sampler_errors",
+    "sampling_overrides_ignored",
+)
+"""Per-session counters copied into every row's metadata."""
+
+
+def new_session_id() -> str:
+    """An unguessable session id: 192 random bits, URL- and header-safe."""
+    return "tr-" + secrets.token_urlsafe(24)
+
+
+@dataclass(eq=False)
+class Session:
+    """State of one session (one agent run)."""
+
+    id: str
+    """The session id (the agent's API key)."""
+    sampling: SamplingParams
+    """Defaults for every turn; see ``Gateway.create_session`` for precedence."""
+    max_context_tokens: int
+    """Prompt + generation budget per turn; 0 is unlimited."""
+    history_mode: str
+    """``linear`` or ``tree``."""
+    allow_sampling_overrides: bool
+    """Whether requests may set temperature/top_p/top_k."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Caller data; ``rollout_id`` and ``group_id`` land on the rows."""
+    root: Node = field(default_factory=lambda: Node(canon=[]))
+    """Root of the message tree (linear mode: the current chain's root)."""
+    turns: list[Turn] = field(default_factory=list)
+    """Generated turns in creation order."""
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    """Diagnostics, see ``COUNTERS``."""
+    closed: bool = False
+    """Finished: further requests get 409."""
+    in_flight: int = 0
+    """Turns being sampled right now."""
+    idle: asyncio.Event | None = None
+    """Set when ``in_flight`` drops to 0 (created lazily inside a loop)."""
+    created_at: float = field(default_factory=time.time)
+    """Creation time (epoch seconds)."""
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able view for the admin routes."""
+        return {
+            "session_id": self.id,
+            "closed": self.closed,
+            "history_mode": self.history_mode,
+            "turns": len(self.turns),
+            "in_flight": self.in_flight,
+            "max_context_tokens": self.max_context_tokens,
+            "sampling": {
+                "max_tokens": self.sampling.max_tokens,
+                "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p,
+                "top_k": self.sampling.top_k,
+                "stop": list(self.sampling.stop),
+            },
+            "allow_sampling_overrides": self.allow_sampling_overrides,
+            "metadata": self.metadata,
+            "counters": dict(self.counters),
+            "created_at": self.created_at,
+        }

@@ -1,0 +1,208 @@
+"""Tool-call parsers: model text in, assistant content and tool calls out.
+
+Defines:
+
+- ``ParsedOutput``: content, tool calls, and whether the text *tried* to call
+  a tool but was malformed (then the whole text comes back as content and the
+  turn is counted as ill-formed in the trace metadata).
+- ``parse_hermes``: Qwen2.5/Qwen3/Hermes ``<tool_call>{"name": .., "arguments": ..}</tool_call>``.
+- ``parse_qwen3_coder``: Qwen3-Coder XML ``<tool_call><function=NAME><parameter=P>v</parameter></function></tool_call>``.
+- ``parse_llama3_json``: Llama 3.x JSON ``{"name": .., "parameters": ..}`` (optionally after ``<|python_tag|>``).
+- ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PARSERS",
+    "ParsedOutput",
+    "detect_parser",
+    "get_parser",
+    "parse_hermes",
+    "parse_llama3_json",
+    "parse_qwen3_coder",
+]
+
+
+@dataclass
+class ParsedOutput:
+    """What a parser made of one turn's text."""
+
+    content: str
+    """Text for the client (everything but well-formed tool calls)."""
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
+    """(name, arguments) per call, arguments a dict (or a string the model wrote)."""
+    ill_formed: bool = False
+    """The text tried to call a tool and failed; ``content`` is then the raw text."""
+    error: str = ""
+    """Why it was ill-formed."""
+
+
+ToolParser = Callable[[str], ParsedOutput]
+
+_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _ill(text: str, why: str) -> ParsedOutput:
+    return ParsedOutput(content=text, ill_formed=True, error=why)
+
+
+def parse_hermes(text: str) -> ParsedOutput:
+    """Parse Hermes/Qwen3 JSON tool calls; any broken block makes the whole turn text."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        if "</tool_call>" in text:
+            return _ill(text, "'</tool_call>' without an opening tag")
+        return ParsedOutput(content=text)
+    calls: list[tuple[str, Any]] = []
+    pos = start
+    for m in _HERMES_BLOCK.finditer(text, start):
+        if text[pos : m.start()].strip():
+            return _ill(text, "text between tool calls")
+        try:
+            obj = json.loads(m.group(1))
+        except ValueError as exc:
+            return _ill(text, f"tool call is not JSON: {exc}")
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return _ill(text, "tool call lacks a string 'name'")
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return _ill(text, "tool call 'arguments' is a string that is not JSON")
+        if not isinstance(args, dict):
+            return _ill(text, "tool call 'arguments' is not an object")
+        calls.append((obj["name"], args))
+        pos = m.end()
+    if not calls or text[pos:].strip():
+        return _ill(text, "unterminated '<tool_call>' or text after the last tool call")
+    return ParsedOutput(content=text[:start].rstrip("\n"), tool_calls=calls)
+
+
+_CODER_FN = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+_CODER_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+def _coder_value(raw: str) -> Any:
+    value = raw.strip("\n")
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def parse_qwen3_coder(text: str) -> ParsedOutput:
+    """Parse Qwen3-Coder XML tool calls (parameter values JSON-decoded when they parse)."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        if "<function=" in text:
+            return _ill(text, "'<function=' outside a '<tool_call>' block")
+        return ParsedOutput(content=text)
+    calls: list[tuple[str, Any]] = []
+    pos = start
+    for block in _HERMES_BLOCK.finditer(text, start):
+        if text[pos : block.start()].strip():
+            return _ill(text, "text between tool calls")
+        body = block.group(1).strip()
+        fn = _CODER_FN.fullmatch(body)
+        if fn is None:
+            return _ill(text, "tool call is not '<function=NAME>...</function>'")
+        args: dict[str, Any] = {}
+        inner = fn.group(2)
+        rest = _CODER_PARAM.sub("", inner)
+        if rest.strip():
+            return _ill(text, "text inside '<function=...>' outside '<parameter=...>' tags")
+        for p in _CODER_PARAM.finditer(inner):
+            args[p.group(1).strip()] = _coder_value(p.group(2))
+        calls.append((fn.group(1).strip(), args))
+        pos = block.end()
+    if not calls or text[pos:].strip():
+        return _ill(text, "unterminated '<tool_call>' or text after the last tool call")
+    return ParsedOutput(content=text[:start].rstrip("\n"), tool_calls=calls)
+
+
+def parse_llama3_json(text: str) -> ParsedOutput:
+    """Parse Llama 3.x JSON tool calls: the whole turn is one call, or several joined by ';'."""
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>") :].strip()
+    elif not body.startswith("{"):
+        return ParsedOutput(content=text)
+    calls: list[tuple[str, Any]] = []
+    decoder = json.JSONDecoder()
+    pos = 0
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except ValueError as exc:
+            return _ill(text, f"tool call is not JSON: {exc}")
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return _ill(text, "tool call lacks a string 'name'")
+        args = obj.get("parameters", obj.get("arguments", {}))
+        if not isinstance(args, dict):
+            return _ill(text, "tool call 'parameters' is not an object")
+        calls.append((obj["name"], args))
+        pos = end
+        while pos < len(body) and body[pos] in " \n\t;":
+            pos += 1
+    if not calls:
+        return _ill(text, "empty tool call")
+    return ParsedOutput(content="", tool_calls=calls)
+
+
+PARSERS: dict[str, ToolParser] = {
+    "hermes": parse_hermes,
+    "qwen3": parse_hermes,
+    "qwen3_coder": parse_qwen3_coder,
+    "llama3_json": parse_llama3_json,
+}
+"""Parsers by config name (``gateway.tool_parser``); ``qwen3`` is an alias of ``hermes``."""
+
+
+def detect_parser(chat_template: str) -> str | None:
+    """Guess the tool-call format from a chat template's text; None when it shows none."""
+    if "<function=" in chat_template and "<parameter=" in chat_template:
+        return "qwen3_coder"
+    if "<tool_call>" in chat_template:
+        return "hermes"
+    if "<|python_tag|>" in chat_template or "ipython" in chat_template:
+        return "llama3_json"
+    return None
+
+
+def get_parser(name: str, chat_template: str) -> tuple[str | None, ToolParser | None]:
+    """Resolve ``gateway.tool_parser`` against the template.
+
+    Returns:
+        (resolved name, parser); (None, None) for ``none``.
+
+    Raises:
+        ConfigError: unknown name, or ``auto`` on a template that renders tools
+            in a format no parser knows (offering tools would silently never
+            produce a tool call).
+    """
+    from core.errors import ConfigError
+
+    if name == "none":
+        return None, None
+    if name == "auto":
+        found = detect_parser(chat_template)
+        if found is None:
+            if "tools" in chat_template:
+                raise ConfigError(
+                    "gateway.tool_parser='auto' found no known tool-call format in the chat template, "
+                    f"which renders tools; set gateway.tool_parser to one of {sorted(PARSERS)} "
+                    "or to 'none' (then requests that offer tools are refused)"
+                )
+            return None, None
+        return found, PARSERS[found]
+    if name not in PARSERS:
+        raise ConfigError(f"unknown gateway.tool_parser {name!r}; choose one of {sorted(PARSERS)}, 'auto' or 'none'")
+    return name, PARSERS[name]
