@@ -10,7 +10,8 @@ holds only the SDK-free parts; each plugin keeps its SDK's differences explicit:
 - ``masked_advantages``: advantages multiplied by the loss mask, for SDKs whose
   RL losses have no ``weights`` input.
 - ``clip_thresholds``: core's ``clip_low``/``clip_high`` (PPO epsilons) as the
-  ratio bounds both SDKs call ``clip_low_threshold``/``clip_high_threshold``.
+  ratio bounds both SDKs call ``clip_low_threshold``/``clip_high_threshold``,
+  keeping only the keys an SDK accepts for a loss.
 - ``await_result`` / ``call_blocking``: resolve an SDK future from async code
   with a deadline, wrapping SDK exceptions in tracerl's own.
 - ``SamplerSlot``: the current sampling client and its weight version, swapped
@@ -108,14 +109,23 @@ def loss_inputs(
     return out
 
 
-def clip_thresholds(loss_config: Mapping[str, float] | None) -> dict[str, float]:
-    """Translate core's loss settings into the SDKs' ``loss_fn_config`` keys.
+CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
+"""The ``loss_fn_config`` keys both SDKs take for ``ppo`` and ``cispo``."""
+
+
+def clip_thresholds(
+    loss_fn: str,
+    loss_config: Mapping[str, float] | None,
+    accepted: Mapping[str, tuple[str, ...]],
+) -> dict[str, float]:
+    """Translate core's loss settings into an SDK's ``loss_fn_config`` for ``loss_fn``.
 
     Core (``algorithm.loss_config``) speaks PPO epsilons: the ratio is clipped
     to ``[1 - clip_low, 1 + clip_high]``. Tinker and SageMaker take the ratio
-    bounds themselves as ``clip_low_threshold`` / ``clip_high_threshold``.
-    Keys already in SDK form pass through unchanged, so a user can set them
-    directly; any other key is forwarded as is.
+    bounds themselves as ``clip_low_threshold`` / ``clip_high_threshold``;
+    keys already in that form pass through. Only keys in ``accepted[loss_fn]``
+    are kept: the services refuse unknown config keys, and core adds settings
+    (e.g. ``temperature``) some backends use and these do not.
     """
     if not loss_config:
         return {}
@@ -127,7 +137,8 @@ def clip_thresholds(loss_config: Mapping[str, float] | None) -> dict[str, float]
             out.setdefault("clip_high_threshold", 1.0 + float(value))
         else:
             out[key] = float(value)
-    return out
+    keep = set(accepted.get(loss_fn, ()))
+    return {k: v for k, v in out.items() if k in keep}
 
 
 def finish_reason(stop_reason: Any) -> FinishReason:

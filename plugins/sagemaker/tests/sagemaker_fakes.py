@@ -133,7 +133,8 @@ class FakeRuntime:
         prompt = [t for chunk in body["prompt"]["chunks"] for t in chunk["tokens"]]
         params = body["samplingParams"]
         steps = self.packages.get(body.get("modelPackageArn", ""), 0)
-        digest = hashlib.sha256(f"{prompt}|{steps}|{params.get('seed')}".encode()).digest()
+        call = next(self._ids)  # each call differs, so a GRPO group is not constant
+        digest = hashlib.sha256(f"{prompt}|{steps}|{params.get('seed')}|{call}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         sequences = []
         for _ in range(body["numSamples"]):
@@ -153,10 +154,10 @@ class FakeRuntime:
 class FakeControlPlane:
     """Stands in for the SDK's ``ServiceClient`` (CreateTrainingSession/StopTrainingSession over AWS)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, vocab: list[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.eos = int(tokenizer.eos_token_id)
-        vocab = [i for i in range(len(tokenizer)) if i != self.eos][10:60]
+        vocab = vocab or [i for i in range(len(tokenizer)) if i != self.eos][10:60]
         self.runtime = FakeRuntime(vocab, self.eos)
         self.creates: list[dict[str, Any]] = []
         self.stops: list[str] = []

@@ -98,7 +98,7 @@ def test_start_up_and_stop(backend: SageMakerBackend, aws: FakeControlPlane) -> 
 
 def test_every_loss_sends_weights_on_the_wire(backend: SageMakerBackend, aws: FakeControlPlane) -> None:
     async def body() -> None:
-        ppo = await backend.forward_backward([_datum()], "ppo", {"clip_low": 0.2, "clip_high": 0.28})
+        ppo = await backend.forward_backward([_datum()], "ppo", {"clip_low": 0.2, "clip_high": 0.28, "temperature": 1.0})
         ce = await backend.forward_backward([_datum()], "cross_entropy")
         await backend.aclose()
         assert ppo.metrics["loss"] == ppo.metrics["actor/pg_loss"] == pytest.approx(3.0)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.backends_common import (
+    CLIP_KEYS,
     SamplerSlot,
     await_result,
     call_blocking,
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 DOCS = "docs/backends/sagemaker.md"
 RL_KEYS = ("target_tokens", "weights", "logprobs", "advantages")
 CE_KEYS = ("target_tokens", "weights")
+LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"ppo": CLIP_KEYS, "cispo": CLIP_KEYS}
+"""``loss_fn_config`` keys the service takes per loss; others (core's ``temperature``) are dropped."""
 LOSS_METRIC_KEYS = ("loss", "actor/pg_loss", "loss:sum", "actor/loss")
 LIGHT_INSTALL = (
     "pip install --no-deps 'sagemaker-train>=1.27,<2' && pip install -e 'plugins/sagemaker[aws]'"
@@ -302,7 +305,7 @@ class SageMakerBackend:
         """Send typed SDK datums to the session's ``forward_backward`` and wait."""
         check_loss_fn(loss_fn, backend=self.name)
         batch = [sagemaker_datum(d, loss_fn) for d in datums]
-        config = clip_thresholds(loss_config) if loss_fn != "cross_entropy" else {}
+        config = clip_thresholds(loss_fn, loss_config, LOSS_CONFIG_KEYS)
         out = await self._call(
             lambda: self._training.forward_backward(batch, loss_fn, loss_fn_config=config or None),
             "sagemaker forward_backward",

@@ -98,7 +98,7 @@ def test_satisfies_protocols_and_start_up_calls(
 
 def test_rl_datum_is_tinker_shaped(backend: TinkerBackend, service: FakeServiceClient) -> None:
     async def body() -> None:
-        await backend.forward_backward([_datum()], "ppo", {"clip_low": 0.2, "clip_high": 0.28})
+        await backend.forward_backward([_datum()], "ppo", {"clip_low": 0.2, "clip_high": 0.28, "temperature": 1.0})
         await backend.aclose()
 
     asyncio.run(body())

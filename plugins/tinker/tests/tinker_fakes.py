@@ -73,6 +73,7 @@ class FakeSamplingClient:
         self.hold = False
         self.pending: list[tuple[concurrent.futures.Future[Any], types.SampleResponse]] = []
         self._ids = itertools.count()
+        self._calls = itertools.count()
 
     def sample(
         self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams
@@ -96,7 +97,8 @@ class FakeSamplingClient:
         self.pending.clear()
 
     def _decode(self, prompt: list[int], params: types.SamplingParams) -> types.SampledSequence:
-        digest = hashlib.sha256(f"{prompt}|{self.steps}|{params.seed}".encode()).digest()
+        call = next(self._calls)  # each call differs, so a GRPO group is not constant
+        digest = hashlib.sha256(f"{prompt}|{self.steps}|{params.seed}|{call}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
         stops = {self.eos} if params.stop is None else {s for s in params.stop if isinstance(s, int)}
         budget = params.max_tokens or 16
@@ -183,7 +185,7 @@ class FakeTrainingClient:
 class FakeServiceClient:
     """Stands in for ``tinker.ServiceClient`` (the network edge)."""
 
-    def __init__(self, tokenizer: Any, *, run: str = "1") -> None:
+    def __init__(self, tokenizer: Any, *, run: str = "1", vocab: list[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.run = run
         self.log = ServiceLog()
@@ -192,7 +194,7 @@ class FakeServiceClient:
         self.sampling_clients: list[FakeSamplingClient] = []
         self.eos = int(tokenizer.eos_token_id)
         # ordinary printable ids, so decoded text stays readable
-        self.vocab = [i for i in range(len(tokenizer)) if i != self.eos][10:60]
+        self.vocab = vocab or [i for i in range(len(tokenizer)) if i != self.eos][10:60]
         self._lock = threading.Lock()
 
     def create_lora_training_client(self, **kwargs: Any) -> BackcompatTrainingClientFuture:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.backends_common import (
+    CLIP_KEYS,
     SamplerSlot,
     await_result,
     call_blocking,
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 DOCS = "docs/backends/tinker.md"
 RL_KEYS = ("target_tokens", "logprobs", "advantages")
 CE_KEYS = ("target_tokens", "weights")
+LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"ppo": CLIP_KEYS, "cispo": CLIP_KEYS}
+"""``loss_fn_config`` keys the service takes per loss; others (core's ``temperature``) are dropped."""
 LOSS_METRIC_KEYS = ("loss", "loss:sum", "loss:mean")
 
 
@@ -252,7 +255,7 @@ class TinkerBackend:
         """Send the datums to Tinker's ``forward_backward`` and wait for the gradients."""
         check_loss_fn(loss_fn, backend=self.name)
         batch = [tinker_datum(d, loss_fn) for d in datums]
-        config = clip_thresholds(loss_config) if loss_fn != "cross_entropy" else {}
+        config = clip_thresholds(loss_fn, loss_config, LOSS_CONFIG_KEYS)
         out = await self._call(
             lambda: self._training.forward_backward(batch, loss_fn, config or None),
             "tinker forward_backward",
