@@ -188,13 +188,10 @@ class S3Channel:
 
         s3 = self._client()
         rollout = {
+            **inv.payload.get(ROLLOUT_KEY, {}),
             "exp_id": self.exp_id,
             "input_id": inv.group_id,
             "s3_bucket": self.bucket,
-            **{
-                k: inv.payload["_config"][k]
-                for k in ("base_url", "model_id", "api_key", "sampling_params")
-            },
         }
         r = await self.client.post(
             f"{inv.proc.base_url}/invocations",

@@ -219,14 +219,22 @@ class LocalRuntime:
             task.cancel()
 
     def _payload(self, request: RolloutRequest) -> dict[str, Any]:
+        """The dataset row plus the model config in both toolkit shapes.
+
+        ``_config`` is what ``AgentCoreRuntimeApp`` agents read; the same fields
+        under ``_rollout`` serve agents written for ``AgentCoreRLApp``.
+        """
+        model = {
+            "base_url": request.base_url,
+            "model_id": request.model_id,
+            "api_key": request.session_id,
+            "sampling_params": dict(request.sampling_params),
+        }
+        rollout = request.payload.get("_rollout")
         return {
             **request.payload,
-            "_config": {
-                "base_url": request.base_url,
-                "model_id": request.model_id,
-                "api_key": request.session_id,
-                "sampling_params": dict(request.sampling_params),
-            },
+            "_config": model,
+            "_rollout": {**(rollout if isinstance(rollout, dict) else {}), **model},
         }
 
     async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
