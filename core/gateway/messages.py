@@ -260,8 +260,11 @@ def anthropic_tools(tools: Any) -> list[dict[str, Any]] | None:
         schema = t.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, dict):
             raise bad_request(f"tools[{j}].input_schema must be a JSON schema object", param="tools")
-        fn: dict[str, Any] = {"name": t["name"], "parameters": schema}
+        # OpenAI's key order (name, description, parameters): templates dump tools
+        # with tojson, so the order shows up in the prompt.
+        fn: dict[str, Any] = {"name": t["name"]}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
+        fn["parameters"] = schema
         out.append({"type": "function", "function": fn})
     return out

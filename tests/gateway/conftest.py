@@ -31,6 +31,7 @@ class Harness:
     tok: Any
     loop: asyncio.AbstractEventLoop
     closers: list[Callable[[], None]] = field(default_factory=list)
+    clients: list[Any] = field(default_factory=list)
 
     def session(self, **kw: Any) -> str:
         kw.setdefault("sampling", SamplingParams(max_tokens=64))
@@ -54,13 +55,18 @@ class Harness:
         import openai
 
         kw.setdefault("max_retries", 0)
-        return openai.OpenAI(base_url=self.server.base_url, api_key=sid, **kw)
+        kw.setdefault("base_url", self.server.base_url)
+        client = openai.OpenAI(api_key=sid, **kw)
+        self.clients.append(client)
+        return client
 
     def anthropic(self, sid: str, base_url: str | None = None, **kw: Any) -> Any:
         import anthropic
 
         kw.setdefault("max_retries", 0)
-        return anthropic.Anthropic(base_url=base_url or self.server.root_url, api_key=sid, **kw)
+        client = anthropic.Anthropic(base_url=base_url or self.server.root_url, api_key=sid, **kw)
+        self.clients.append(client)
+        return client
 
 
 def _serve(gw: Gateway) -> tuple[GatewayServer, asyncio.AbstractEventLoop, Callable[[], None]]:
@@ -95,6 +101,8 @@ def make_harness(byte_tokenizer: Any) -> Iterator[Callable[..., Harness]]:
 
     yield make
     for h in made:
+        for client in h.clients:
+            client.close()
         for close in h.closers:
             close()
 

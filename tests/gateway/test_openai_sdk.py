@@ -110,7 +110,7 @@ def test_session_in_path_form(harness: Harness) -> None:
     h = harness
     h.push("ok")
     sid = h.session()
-    client = openai.OpenAI(base_url=f"{h.server.root_url}/sessions/{sid}/v1", api_key="ignored", max_retries=0)
+    client = h.openai("ignored", base_url=f"{h.server.root_url}/sessions/{sid}/v1")
     out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
     assert out.choices[0].message.content == "ok"
     assert len(h.gw.session(sid).turns) == 1
