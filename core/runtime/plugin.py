@@ -1,4 +1,4 @@
-"""Core's own plugin: registers the built-in ``local`` runtime."""
+"""Core's own plugin: registers the built-in ``local`` and ``agentcore`` runtimes."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 from core.plugins.hookspecs import hookimpl
 from core.plugins.registry import RuntimeRegistry, RuntimeSpec
+from core.runtime.agentcore.config import AgentCoreRuntimeConfig
 from core.runtime.config import LocalRuntimeConfig
 
 
@@ -13,6 +14,13 @@ def _make_local(cfg: Any) -> Any:
     from core.runtime.local import LocalRuntime
 
     return LocalRuntime.from_config(cfg)
+
+
+def _make_agentcore(cfg: Any) -> Any:
+    # Lazy: the runtime imports boto3 when it starts; core must import without it.
+    from core.runtime.agentcore.runtime import AgentCoreRuntime
+
+    return AgentCoreRuntime.from_config(cfg)
 
 
 @hookimpl
@@ -23,5 +31,13 @@ def tracerl_register_runtimes(registry: RuntimeRegistry) -> None:
             factory=_make_local,
             config=LocalRuntimeConfig,
             description="agent app served by a pool of local processes",
+        )
+    )
+    registry.add(
+        RuntimeSpec(
+            name="agentcore",
+            factory=_make_agentcore,
+            config=AgentCoreRuntimeConfig,
+            description="one AWS Bedrock AgentCore Runtime session per rollout (boto3; TPS-limited)",
         )
     )

@@ -1,0 +1,50 @@
+"""``python -m core.runtime.acr_standin module:attr | --agent-url URL [--port N]``.
+
+Serves the AgentCore Runtime data plane locally; then train against it with
+``runtime=agentcore runtime.endpoint_url=http://127.0.0.1:N
+runtime.agent_runtime_arn=<any runtime ARN>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from core.runtime.acr_standin._app import AcrStandIn
+from core.runtime.acr_standin._server import EXAMPLE_ARN
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.runtime.acr_standin", description=__doc__)
+    parser.add_argument("agent", nargs="?", default="", help="agent app as module:attr (one process per session)")
+    parser.add_argument("--agent-url", default="", help="forward to an agent already listening (e.g. a container)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--tps-limit", type=float, default=25.0, help="answer 429 above this rate (0: off)")
+    parser.add_argument("--cold-start-failures", type=int, default=0)
+    parser.add_argument("--startup-timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    if bool(args.agent) == bool(args.agent_url):
+        parser.error("give an agent as module:attr, or --agent-url, not both")
+
+    import uvicorn
+
+    standin = AcrStandIn(
+        agent=args.agent,
+        agent_url=args.agent_url,
+        tps_limit=args.tps_limit,
+        cold_start_failures=args.cold_start_failures,
+        startup_timeout_s=args.startup_timeout,
+    )
+    print(
+        f"AgentCore stand-in on http://{args.host}:{args.port}; use "
+        f"runtime.endpoint_url=http://{args.host}:{args.port} "
+        f"runtime.agent_runtime_arn={EXAMPLE_ARN}",
+        file=sys.stderr,
+    )
+    uvicorn.run(standin, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
