@@ -1,0 +1,1 @@
+"""Example agents (importable from the repository root as ``examples.<name>``)."""

@@ -1,0 +1,1 @@
+"""GSM8K-style math agent with a calculator tool, written with the official openai SDK."""
