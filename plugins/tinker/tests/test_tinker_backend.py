@@ -223,7 +223,7 @@ def test_save_and_resume_from_config(backend: TinkerBackend, service: FakeServic
         return path
 
     path = asyncio.run(body())
-    assert path == "tinker://run-1/weights/step_1"
+    assert path == "tinker://run-1/weights/checkpoints_step_1"
     resumed = TinkerBackend.from_config(_cfg(resume_from=path))
     assert service.log.creates[-1] == {"kind": "from_state", "path": path, "base_model": "Qwen/Qwen3-8B"}
     assert service.training_clients[-1].steps == 1

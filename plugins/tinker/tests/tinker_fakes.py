@@ -65,8 +65,11 @@ class FakeSamplingClient:
     to check what happens to requests in flight during a weight swap.
     """
 
-    def __init__(self, steps: int, log: ServiceLog, vocab: list[int], eos: int) -> None:
+    def __init__(
+        self, steps: int, log: ServiceLog, vocab: list[int], eos: int, cycle_first: bool = False
+    ) -> None:
         self.steps = steps
+        self.cycle_first = cycle_first
         self.log = log
         self.vocab = vocab
         self.eos = eos
@@ -105,9 +108,12 @@ class FakeSamplingClient:
         tokens: list[int] = []
         reason: types.StopReason = "length"
         for _ in range(budget):
-            token = int(rng.choice(self.vocab + [self.eos])) if len(tokens) >= 2 else int(
-                rng.choice(self.vocab)
-            )
+            if not tokens and self.cycle_first:  # successive calls start with every vocab entry in turn
+                token = self.vocab[call % len(self.vocab)]
+            elif len(tokens) >= 2:
+                token = int(rng.choice(self.vocab + [self.eos]))
+            else:
+                token = int(rng.choice(self.vocab))
             tokens.append(token)
             if token in stops:
                 reason = "stop"
@@ -166,7 +172,9 @@ class FakeTrainingClient:
         return done(types.OptimStepResponse(metrics={"step": float(self.steps)}))
 
     def save_weights_and_get_sampling_client(self) -> BackcompatSamplingClientFuture:
-        client = FakeSamplingClient(self.steps, self.service.log, self.service.vocab, self.service.eos)
+        client = FakeSamplingClient(
+            self.steps, self.service.log, self.service.vocab, self.service.eos, self.service.cycle_first
+        )
         self.service.sampling_clients.append(client)
         return BackcompatSamplingClientFuture(done(client))
 
@@ -185,7 +193,15 @@ class FakeTrainingClient:
 class FakeServiceClient:
     """Stands in for ``tinker.ServiceClient`` (the network edge)."""
 
-    def __init__(self, tokenizer: Any, *, run: str = "1", vocab: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        run: str = "1",
+        vocab: list[int] | None = None,
+        cycle_first: bool = False,
+    ) -> None:
+        self.cycle_first = cycle_first
         self.tokenizer = tokenizer
         self.run = run
         self.log = ServiceLog()

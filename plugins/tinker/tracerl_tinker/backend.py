@@ -115,9 +115,14 @@ def tinker_datum(datum: Datum, loss_fn: str) -> Any:
 
 
 def _checkpoint_name(path: str) -> str:
-    """Tinker names checkpoints; derive a safe name from the trainer's path."""
-    base = os.path.basename(path.rstrip("/")) or "state"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", base)[:100]
+    """Tinker names checkpoints; derive a unique, safe name from the trainer's path.
+
+    The loop saves to ``.../checkpoints/step_000010/backend``, so the last two
+    components are kept (``step_000010_backend``): a name reused within a run
+    would collide with the earlier checkpoint.
+    """
+    parts = [p for p in path.replace("\\", "/").split("/") if p][-2:] or ["state"]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(parts))[-100:]
 
 
 def _with_loss(metrics: dict[str, Any] | None) -> dict[str, float]:

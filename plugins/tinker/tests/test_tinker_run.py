@@ -1,0 +1,116 @@
+"""A short training run through the core loop with ``backend=tinker``.
+
+Real gateway, real local runtime with agent processes, real HTTP, the plugin
+loaded from its entry point; only the Tinker service is faked
+(``tinker_fakes``, the network edge), returning tinker's real types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tinker_fakes import FakeServiceClient
+
+from core.errors import TrainingError
+from core.plugins import load_plugins
+from core.testing.fakes import compose
+from core.trainer.loop import Trainer
+from core.trainer.metrics import read_metrics
+from tracerl_tinker import backend as backend_mod
+
+
+def _cfg(run_dir: Path, *extra: str) -> tuple[Any, Any]:
+    plugins = load_plugins()
+    cfg = compose(
+        [
+            "backend=tinker",
+            "backend.base_model=Qwen/Qwen3-8B",
+            "backend.api_key=tml-test",
+            "backend.tokenizer=tiny",
+            f"run_dir={run_dir}",
+            "trainer.batch_size=1",
+            "trainer.group_size=10",
+            "trainer.save_every=1",
+            "trainer.progress=false",
+            "trainer.loggers=[jsonl]",
+            "runtime.num_processes=1",
+            "task.generator_kwargs.rows=40",
+            *extra,
+        ],
+        plugins,
+    )
+    return cfg, plugins
+
+
+@pytest.fixture
+def service(tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> FakeServiceClient:
+    digits = [tiny_tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    # a group of 10 rollouts starts its replies with each digit once: rewards always differ
+    fake = FakeServiceClient(tiny_tokenizer, vocab=digits, cycle_first=True)
+    monkeypatch.setattr(backend_mod, "make_service_client", lambda **kw: fake)
+    return fake
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_run_rebinds_checkpoints_and_resumes(tmp_path: Path, service: FakeServiceClient) -> None:
+    run_dir = tmp_path / "run"
+    cfg, plugins = _cfg(run_dir, "trainer.max_steps=2")
+    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
+
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["weight_version"] for r in records] == [1, 2]  # one rebind per step
+    assert all(r["rollouts/ok"] == 10 and r["datums"] >= 2 for r in records)
+    # what reached the service: two fwd/bwd of well-formed datums, two Adam steps
+    assert len(service.log.forward_backward) == 2 and len(service.log.optim_steps) == 2
+    for data, loss_fn, config in service.log.forward_backward:
+        assert loss_fn == "ppo" and set(config) == {"clip_low_threshold", "clip_high_threshold"}
+        for d in data:
+            tokens = d.model_input.to_ints()
+            targets = d.loss_fn_inputs["target_tokens"].to_numpy().tolist()
+            assert targets[:-1] == tokens[1:]  # shifted by one
+            assert set(d.loss_fn_inputs) == {"target_tokens", "logprobs", "advantages"}
+    # sampling moved to the new client after each step: the initial one plus one per step
+    assert len(service.sampling_clients) == 3
+    assert [c.steps for c in service.sampling_clients] == [0, 1, 2]
+    # a checkpoint per step; the loop stored the tinker:// path to resume from
+    state = json.loads((run_dir / "checkpoints" / "step_000001" / "trainer_state.json").read_text())
+    assert state["backend_path"] == "tinker://run-1/weights/step_000001_backend"
+    assert service.log.saves == [
+        "tinker://run-1/weights/step_000001_backend",
+        "tinker://run-1/weights/step_000002_backend",
+    ]
+    assert service.log.closes == ["success"]
+
+    resumed_cfg, plugins = _cfg(run_dir, "trainer.max_steps=3", "trainer.resume=true")
+    trainer = Trainer(resumed_cfg, plugins)
+    assert asyncio.run(trainer.run()) == 0
+    assert trainer.step == 3
+    assert service.log.creates[-1]["kind"] == "from_state"
+    assert service.log.creates[-1]["path"] == "tinker://run-1/weights/step_000002_backend"
+    assert service.training_clients[-1].steps == 3  # restored 2 steps, trained 1 more
+    assert service.log.closes == ["success", "success"]
+
+
+@pytest.mark.integration
+def test_service_failure_ends_the_session_as_errored(
+    tmp_path: Path, service: FakeServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tinker_fakes import FakeTrainingClient
+
+    original = FakeTrainingClient.forward_backward
+
+    def failing(self: FakeTrainingClient, *a: Any, **k: Any) -> Any:
+        self.fail_next_forward_backward = RuntimeError("service unavailable")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(FakeTrainingClient, "forward_backward", failing)
+    cfg, plugins = _cfg(tmp_path / "run", "trainer.max_steps=1", "trainer.canary=false")
+    with pytest.raises(TrainingError, match="service unavailable"):
+        asyncio.run(Trainer(cfg, plugins).run())
+    assert service.log.closes == ["errored"]
