@@ -102,7 +102,7 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         raise bad_request("the request body is empty; send a JSON object")
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")

@@ -34,6 +34,8 @@ def opt_number(
     v = body.get(key)
     if v is None:
         return None
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10**9:
+        raise bad_request(f"'{key}' must be in [{low}, {high}], got an integer of {len(str(abs(v)))} digits", param=key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise bad_request(f"'{key}' must be a number, got {type(v).__name__} {v!r:.40}", param=key)
     if v > high or v < low or (low_open and v == low):
