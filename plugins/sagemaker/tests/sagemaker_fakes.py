@@ -42,8 +42,10 @@ class RuntimeLog:
 class FakeRuntime:
     """Stands in for the training-session runtime service (the network edge)."""
 
-    def __init__(self, vocab: list[int], eos: int) -> None:
+    def __init__(self, vocab: list[int], eos: int, cycle_first: bool = False) -> None:
         self.vocab = vocab
+        self.cycle_first = cycle_first
+        self._sample_calls = itertools.count()
         self.eos = eos
         self.log = RuntimeLog()
         self.steps = 0
@@ -140,8 +142,12 @@ class FakeRuntime:
         for _ in range(body["numSamples"]):
             tokens: list[int] = []
             reason = "length"
+            first = next(self._sample_calls)
             for _ in range(params["maxTokens"]):
-                token = int(rng.choice(self.vocab + [self.eos] if len(tokens) >= 3 else self.vocab))
+                if not tokens and self.cycle_first:  # successive samples start with each entry in turn
+                    token = self.vocab[first % len(self.vocab)]
+                else:
+                    token = int(rng.choice(self.vocab + [self.eos] if len(tokens) >= 3 else self.vocab))
                 tokens.append(token)
                 if token == self.eos:
                     reason = "stop"
@@ -154,11 +160,11 @@ class FakeRuntime:
 class FakeControlPlane:
     """Stands in for the SDK's ``ServiceClient`` (CreateTrainingSession/StopTrainingSession over AWS)."""
 
-    def __init__(self, tokenizer: Any, vocab: list[int] | None = None) -> None:
+    def __init__(self, tokenizer: Any, vocab: list[int] | None = None, cycle_first: bool = False) -> None:
         self.tokenizer = tokenizer
         self.eos = int(tokenizer.eos_token_id)
         vocab = vocab or [i for i in range(len(tokenizer)) if i != self.eos][10:60]
-        self.runtime = FakeRuntime(vocab, self.eos)
+        self.runtime = FakeRuntime(vocab, self.eos, cycle_first)
         self.creates: list[dict[str, Any]] = []
         self.stops: list[str] = []
         self.fail_create: Exception | None = None
