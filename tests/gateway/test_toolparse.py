@@ -1,0 +1,101 @@
+"""Tool-call parsers per model family, detection from templates, and ill-formed calls end to end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.errors import ConfigError
+from core.gateway import Gateway, GatewayConfig
+from core.gateway.toolparse import detect_parser, get_parser, parse_hermes, parse_llama3_json, parse_qwen3_coder
+from core.samplers import ScriptedSampler
+from tests.gateway.conftest import CALC_TOOL, Harness
+
+
+def test_hermes_single_and_multiple_calls() -> None:
+    out = parse_hermes('Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+                       '<tool_call>\n{"name": "b", "arguments": "{\\"y\\": 2}"}\n</tool_call>')
+    assert out.content == "Let me check." and not out.ill_formed
+    assert out.tool_calls == [("a", {"x": 1}), ("b", {"y": 2})]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>\n{not json}\n</tool_call>",
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "a", "arguments": [1]}\n</tool_call>',
+        '<tool_call>\n{"name": "a", "arguments": {}}',
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call> trailing words',
+        'stray </tool_call>',
+    ],
+)
+def test_hermes_ill_formed_returns_raw_text(text: str) -> None:
+    out = parse_hermes(text)
+    assert out.ill_formed and out.content == text and out.tool_calls == [] and out.error
+
+
+def test_qwen3_coder_xml() -> None:
+    text = ("I will search.\n<tool_call>\n<function=search>\n<parameter=query>\nred fox\n</parameter>\n"
+            "<parameter=limit>\n5\n</parameter>\n</function>\n</tool_call>")
+    out = parse_qwen3_coder(text)
+    assert out.content == "I will search." and out.tool_calls == [("search", {"query": "red fox", "limit": 5})]
+    bad = parse_qwen3_coder("<tool_call>\n<function=search>\nno params\n</function>\n</tool_call>")
+    assert bad.ill_formed
+    assert parse_qwen3_coder("<function=x></function>").ill_formed
+    assert parse_qwen3_coder("plain").tool_calls == []
+
+
+def test_llama3_json() -> None:
+    assert parse_llama3_json('{"name": "get", "parameters": {"city": "Paris"}}').tool_calls == [
+        ("get", {"city": "Paris"})
+    ]
+    two = parse_llama3_json('<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"k": 1}}')
+    assert two.tool_calls == [("a", {}), ("b", {"k": 1})]
+    assert parse_llama3_json("Paris is nice.").tool_calls == []
+    assert parse_llama3_json('{"name": "a", "parameters": ').ill_formed
+
+
+def test_detection_and_config_errors() -> None:
+    assert detect_parser("... <tool_call> ...") == "hermes"
+    assert detect_parser("<tool_call><function=f><parameter=p>") == "qwen3_coder"
+    assert detect_parser("{{ '<|python_tag|>' }} ipython") == "llama3_json"
+    assert get_parser("none", "x") == (None, None)
+    with pytest.raises(ConfigError, match="unknown gateway.tool_parser 'nope'"):
+        get_parser("nope", "")
+    with pytest.raises(ConfigError, match="no known tool-call format"):
+        get_parser("auto", "{% for tool in tools %}{{ tool.name }}{% endfor %}")
+
+
+def test_template_with_unknown_tool_format_is_a_startup_error(byte_tokenizer: Any) -> None:
+    import copy
+
+    tok = copy.copy(byte_tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{{ tools }}{% endif %}"
+    with pytest.raises(ConfigError, match="tool_parser"):
+        Gateway(tokenizer=tok, sampler=ScriptedSampler(), config=GatewayConfig())
+
+
+def test_ill_formed_call_comes_back_as_text_and_is_counted(harness: Harness) -> None:
+    h = harness
+    broken = '<tool_call>\n{"name": "calculator", "arguments": {"expression": }\n</tool_call>'
+    h.push(broken)
+    sid = h.session()
+    out = h.openai(sid).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], tools=[CALC_TOOL]
+    )
+    assert out.choices[0].message.content == broken and not out.choices[0].message.tool_calls
+    assert out.choices[0].finish_reason == "stop"
+    (row,) = h.call(h.gw.finish_session, sid)
+    assert row.metadata["ill_formed_tool_calls"] == 1 and row.metadata["ill_formed_turns"] == 1
+
+
+def test_call_to_tool_not_offered_is_counted(harness: Harness) -> None:
+    h = harness
+    h.push('<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>')
+    sid = h.session()
+    out = h.openai(sid).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                tools=[CALC_TOOL])
+    assert out.choices[0].message.tool_calls[0].function.name == "rm_rf"  # type: ignore[index]
+    assert h.gw.session(sid).counters["unknown_tool_calls"] == 1
