@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from local_helpers import run
-
 from tracerl_local.backend import LocalBackend
 from tracerl_local.config import LocalBackendConfig
 

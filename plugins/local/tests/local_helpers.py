@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from core.types import Datum, SampleResult
 from tracerl_local.backend import LocalBackend
-from tracerl_local.config import LocalBackendConfig
+
+from core.types import Datum, SampleResult
 
 T = TypeVar("T")
 
@@ -45,5 +44,3 @@ def make_datum(prompt: Sequence[int], result: SampleResult, advantage: float = 0
         advantages=[advantage * m for m in mask[1:]],
         weights=[float(m) for m in mask[1:]],
     )
-
-

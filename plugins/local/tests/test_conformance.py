@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from core.testing.conformance import BackendConformance
 from tracerl_local.backend import LocalBackend
 from tracerl_local.config import LocalBackendConfig
+
+from core.testing.conformance import BackendConformance
 
 
 class TestLocalBackendConformance(BackendConformance):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from tracerl_local.logits import processed_logprobs, sample_tokens
 
 
@@ -26,7 +25,9 @@ def test_temperature_scales_before_softmax() -> None:
 def test_top_k_keeps_k_tokens_renormalised() -> None:
     got = _lp([3.0, 2.0, 1.0, 0.0], k=2).exp()
     z = math.exp(3) + math.exp(2)
-    assert torch.allclose(got, torch.tensor([math.exp(3) / z, math.exp(2) / z, 0.0, 0.0]), atol=1e-6)
+    assert torch.allclose(
+        got, torch.tensor([math.exp(3) / z, math.exp(2) / z, 0.0, 0.0]), atol=1e-6
+    )
 
 
 def test_top_p_keeps_smallest_set_reaching_mass() -> None:
@@ -47,7 +48,9 @@ def test_greedy_reports_temperature_one_logprob_and_argmax() -> None:
 
 
 def test_cdf_sampling_follows_probabilities_and_skips_masked() -> None:
-    lp = _lp([math.log(0.25), math.log(0.75), 5.0], k=2)  # token 2 is the top one; k=2 keeps 2 and 1
+    lp = _lp(
+        [math.log(0.25), math.log(0.75), 5.0], k=2
+    )  # token 2 is the top one; k=2 keeps 2 and 1
     lp = lp.expand(4, -1)
     u = torch.tensor([0.0, 0.2, 0.9, 0.9999])
     toks = sample_tokens(lp, torch.zeros(4, 3), torch.zeros(4, dtype=torch.bool), u).tolist()

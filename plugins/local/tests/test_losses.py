@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from tracerl_local.losses import parse_loss_config, token_losses
 
 from core.errors import ConfigError
-from tracerl_local.losses import parse_loss_config, token_losses
 
 LOGP = [-1.0, -0.5, -2.0]
 OLD = [-1.2, -0.5, -1.0]
@@ -17,7 +17,9 @@ ADV = [1.0, -2.0, 0.5]
 
 def _run(name: str, **cfg: float) -> tuple[list[float], list[float], list[float]]:
     logp = torch.tensor(LOGP, requires_grad=True)
-    loss, clipped = token_losses(parse_loss_config(name, cfg), logp, torch.tensor(OLD), torch.tensor(ADV))
+    loss, clipped = token_losses(
+        parse_loss_config(name, cfg), logp, torch.tensor(OLD), torch.tensor(ADV)
+    )
     loss.sum().backward()
     assert logp.grad is not None
     return loss.tolist(), clipped.tolist(), logp.grad.tolist()
@@ -31,7 +33,7 @@ def test_cross_entropy() -> None:
 
 def test_importance_sampling() -> None:
     loss, _, grad = _run("importance_sampling")
-    r = [math.exp(a - b) for a, b in zip(LOGP, OLD)]  # e^0.2, 1, e^-1
+    r = [math.exp(a - b) for a, b in zip(LOGP, OLD, strict=True)]  # e^0.2, 1, e^-1
     assert loss == pytest.approx([-r[0] * 1.0, -r[1] * -2.0, -r[2] * 0.5])
     assert grad == pytest.approx([-r[0] * 1.0, 2.0, -r[2] * 0.5])  # d(-r*A)/dlogp = -r*A
 

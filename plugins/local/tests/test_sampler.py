@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from local_helpers import chat_prompt, make_datum, run
+from tracerl_local.backend import LocalBackend
 
 from core.errors import SamplerError
 from core.types import FinishReason, SamplingParams
-from tracerl_local.backend import LocalBackend
-
-from local_helpers import chat_prompt, make_datum, run
 
 
 @pytest.mark.parametrize(
@@ -18,8 +17,10 @@ from local_helpers import chat_prompt, make_datum, run
     [
         (SamplingParams(max_tokens=12), {}),
         (SamplingParams(max_tokens=12, temperature=0.7), {"temperature": 0.7}),
-        (SamplingParams(max_tokens=12, temperature=1.3, top_k=20, top_p=0.9),
-         {"temperature": 1.3, "top_k": 20, "top_p": 0.9}),
+        (
+            SamplingParams(max_tokens=12, temperature=1.3, top_k=20, top_p=0.9),
+            {"temperature": 1.3, "top_k": 20, "top_p": 0.9},
+        ),
     ],
     ids=["t1", "t0.7", "t1.3-topk-topp"],
 )
@@ -32,10 +33,10 @@ def test_sampler_and_trainer_logprobs_agree(make_backend, params, loss_config) -
         results = await asyncio.gather(
             *(backend.sampler.sample(p, params, session_id=f"s{i}") for i, p in enumerate(prompts))
         )
-        datums = [make_datum(p, r, advantage=1.0) for p, r in zip(prompts, results)]
+        datums = [make_datum(p, r, advantage=1.0) for p, r in zip(prompts, results, strict=True)]
         out = await backend.forward_backward(datums, "importance_sampling", loss_config)
         # per-datum trainer logprobs line up with the sampler's, token by token
-        for p, r, lp in zip(prompts, results, out.logprobs):
+        for p, r, lp in zip(prompts, results, out.logprobs, strict=True):
             trainer = lp[len(p) - 1 :]
             assert trainer == pytest.approx(r.logprobs, abs=1e-4)
         return out.metrics["logprob_diff/max"]
@@ -51,7 +52,9 @@ def test_mismatched_temperature_shows_in_logprob_diff(make_backend) -> None:
     prompt = chat_prompt(backend)
 
     async def go() -> float:
-        r = await backend.sampler.sample(prompt, SamplingParams(max_tokens=8, temperature=0.5), session_id="s")
+        r = await backend.sampler.sample(
+            prompt, SamplingParams(max_tokens=8, temperature=0.5), session_id="s"
+        )
         out = await backend.forward_backward([make_datum(prompt, r)], "cross_entropy")
         return out.metrics["logprob_diff/max"]
 
@@ -65,8 +68,12 @@ def test_concurrent_requests_are_batched(make_backend) -> None:
 
     async def go() -> list:
         return await asyncio.gather(
-            *(backend.sampler.sample(prompt, SamplingParams(max_tokens=max_tokens, seed=i), session_id=f"s{i}")
-              for i in range(n))
+            *(
+                backend.sampler.sample(
+                    prompt, SamplingParams(max_tokens=max_tokens, seed=i), session_id=f"s{i}"
+                )
+                for i in range(n)
+            )
         )
 
     results = run(go())
@@ -84,7 +91,9 @@ def test_stop_conditions_and_finish_reasons(make_backend) -> None:
     prompt = chat_prompt(backend)
 
     async def go() -> None:
-        free = await backend.sampler.sample(prompt, SamplingParams(max_tokens=20, temperature=0), session_id="a")
+        free = await backend.sampler.sample(
+            prompt, SamplingParams(max_tokens=20, temperature=0), session_id="a"
+        )
         assert free.finish_reason is FinishReason.LENGTH or free.token_ids[-1] == tok.eos_token_id
         if free.finish_reason is FinishReason.LENGTH:
             assert len(free.token_ids) == 20
@@ -92,7 +101,9 @@ def test_stop_conditions_and_finish_reasons(make_backend) -> None:
         third = free.token_ids[2]
         first_hit = free.token_ids.index(third)
         by_id = await backend.sampler.sample(
-            prompt, SamplingParams(max_tokens=20, temperature=0, stop_token_ids=(third,)), session_id="b"
+            prompt,
+            SamplingParams(max_tokens=20, temperature=0, stop_token_ids=(third,)),
+            session_id="b",
         )
         assert by_id.token_ids == free.token_ids[: first_hit + 1]
         assert by_id.finish_reason is FinishReason.STOP
@@ -160,7 +171,7 @@ def test_in_flight_batch_keeps_old_weights(make_backend) -> None:
     async def go() -> None:
         before = await backend.sampler.sample(prompt, greedy, session_id="ref")
         assert before.finish_reason is FinishReason.LENGTH  # seed 0: greedy never emits EOS
-        while backend.sampler.stats.requests < 1:  # its batch has released the snapshot
+        while backend.sampler._current.active:  # wait until its batch released the snapshot
             await asyncio.sleep(0.001)
         served = backend.sampler.model
         long = asyncio.create_task(backend.sampler.sample(prompt, greedy, session_id="l"))
@@ -179,7 +190,7 @@ def test_in_flight_batch_keeps_old_weights(make_backend) -> None:
         assert old.token_ids == before.token_ids  # finished on the old weights throughout
         assert new.token_ids != before.token_ids
         # with no batch running, the next sync copies in place into the served model
-        while backend.sampler.stats.requests < 3:
+        while backend.sampler._current.active:
             await asyncio.sleep(0.001)
         served = backend.sampler.model
         await backend.sync_sampler()
@@ -189,7 +200,9 @@ def test_in_flight_batch_keeps_old_weights(make_backend) -> None:
 
 
 def test_bad_prompts_raise_sampler_error(make_backend) -> None:
-    backend = make_backend(tiny=__import__("tracerl_local.config").config.TinyModelConfig(max_position_embeddings=32))
+    backend = make_backend(
+        tiny=__import__("tracerl_local.config").config.TinyModelConfig(max_position_embeddings=32)
+    )
     prompt = chat_prompt(backend)
 
     async def go() -> None:
@@ -200,7 +213,9 @@ def test_bad_prompts_raise_sampler_error(make_backend) -> None:
         with pytest.raises(SamplerError, match="outside the vocabulary"):
             await backend.sampler.sample([10**6], SamplingParams(), session_id="s")
         # a prompt near the context end stops with "length" at the context limit
-        r = await backend.sampler.sample(prompt + prompt[:8], SamplingParams(max_tokens=50), session_id="s")
+        r = await backend.sampler.sample(
+            prompt + prompt[:8], SamplingParams(max_tokens=50), session_id="s"
+        )
         assert len(prompt) + 8 + len(r.token_ids) <= 32
         await backend.aclose()
         with pytest.raises(SamplerError, match="closed"):

@@ -10,24 +10,26 @@ import pytest
 import torch
 from local_helpers import chat_prompt, make_datum, run
 from omegaconf import OmegaConf
-
-from core.errors import ConfigError, TrainingError
-from core.types import AdamParams, Datum, SamplingParams
 from tracerl_local.backend import LocalBackend
 from tracerl_local.losses import parse_loss_config
 from tracerl_local.training import trainer_logprobs
+
+from core.errors import ConfigError, TrainingError
+from core.types import AdamParams, Datum, SamplingParams
 
 
 def _logprobs_now(backend: LocalBackend, datum: Datum) -> list[float]:
     settings = parse_loss_config("cross_entropy", None)
     with torch.no_grad():
-        lp = trainer_logprobs(backend.model, [datum], settings, backend.get_tokenizer().pad_token_id, "cache")
+        lp = trainer_logprobs(
+            backend.model, [datum], settings, backend.get_tokenizer().pad_token_id, "cache"
+        )
     return lp[0, : len(datum.model_input)].tolist()
 
 
 def _trained_sum(backend: LocalBackend, datum: Datum) -> float:
     lp = _logprobs_now(backend, datum)
-    return sum(x for x, w in zip(lp, datum.weights) if w > 0)
+    return sum(x for x, w in zip(lp, datum.weights, strict=True) if w > 0)
 
 
 def test_loss_is_token_level_mean_over_the_batch(make_backend) -> None:
@@ -37,22 +39,24 @@ def test_loss_is_token_level_mean_over_the_batch(make_backend) -> None:
 
     async def go() -> None:
         samples = [
-            await whole.sampler.sample(p, SamplingParams(max_tokens=3 + 2 * i, seed=i), session_id=f"s{i}")
+            await whole.sampler.sample(
+                p, SamplingParams(max_tokens=3 + 2 * i, seed=i), session_id=f"s{i}"
+            )
             for i, p in enumerate(prompts)
         ]
         advs = [1.5, -0.5, 2.0]
-        datums = [make_datum(p, s, a) for p, s, a in zip(prompts, samples, advs)]
+        datums = [make_datum(p, s, a) for p, s, a in zip(prompts, samples, advs, strict=True)]
         a = await whole.forward_backward(datums, "importance_sampling")
         b = await micro.forward_backward(datums, "importance_sampling")
         num = den = 0.0
-        for d, lp in zip(datums, a.logprobs):
+        for d, lp in zip(datums, a.logprobs, strict=True):
             for t, w in enumerate(d.weights):
                 num += w * -math.exp(lp[t] - d.logprobs[t]) * d.advantages[t]
                 den += w
         assert a.metrics["loss"] == pytest.approx(num / den, rel=1e-5)
         assert a.metrics["num_tokens"] == den
         assert b.metrics["loss"] == pytest.approx(a.metrics["loss"], rel=1e-5)
-        for p, q in zip(whole.model.parameters(), micro.model.parameters()):
+        for p, q in zip(whole.model.parameters(), micro.model.parameters(), strict=True):
             assert torch.allclose(p.grad, q.grad, atol=1e-6)
 
     run(go())
@@ -65,7 +69,9 @@ def test_advantage_sign_moves_sampled_logprob(make_backend, loss_fn: str, sign: 
     prompt = chat_prompt(backend)
 
     async def go() -> tuple[float, float]:
-        sample = await backend.sampler.sample(prompt, SamplingParams(max_tokens=6, seed=1), session_id="s")
+        sample = await backend.sampler.sample(
+            prompt, SamplingParams(max_tokens=6, seed=1), session_id="s"
+        )
         datum = make_datum(prompt, sample, advantage=sign)
         before = _trained_sum(backend, datum)
         await backend.forward_backward([datum], loss_fn)
@@ -103,8 +109,12 @@ def test_cross_entropy_steps_change_what_the_sampler_produces(make_backend) -> N
         learned = await backend.sampler.sample(prompt, greedy, session_id="s")
         assert learned.token_ids == target and learned.weight_version == 1
         sampled = await asyncio.gather(
-            *(backend.sampler.sample(prompt, SamplingParams(max_tokens=8, seed=i), session_id=f"t{i}")
-              for i in range(16))
+            *(
+                backend.sampler.sample(
+                    prompt, SamplingParams(max_tokens=8, seed=i), session_id=f"t{i}"
+                )
+                for i in range(16)
+            )
         )
         assert sum(s.token_ids == target for s in sampled) >= 14
 
@@ -140,7 +150,7 @@ def test_save_load_round_trip(make_backend, tmp_path: Path) -> None:
         where = await a.save_state(str(tmp_path / "ckpt"))
         await b.load_state(where)
         assert b.weight_version == a.weight_version == 2
-        for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+        for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True):
             assert torch.equal(p, q)
         greedy = SamplingParams(max_tokens=8, temperature=0)
         ra = await a.sampler.sample(prompt, greedy, session_id="x")
@@ -150,7 +160,7 @@ def test_save_load_round_trip(make_backend, tmp_path: Path) -> None:
         for backend in (a, b):
             await backend.forward_backward([datum], "ppo")
             await backend.optim_step(AdamParams(learning_rate=1e-2))
-        for p, q in zip(a.model.parameters(), b.model.parameters()):
+        for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
             assert torch.allclose(p, q, atol=1e-6)
         with pytest.raises(TrainingError, match="no local-backend checkpoint"):
             await b.load_state(str(tmp_path / "missing"))
@@ -160,7 +170,9 @@ def test_save_load_round_trip(make_backend, tmp_path: Path) -> None:
 
 def test_from_config_is_deterministic_in_the_seed() -> None:
     def build(seed: int) -> LocalBackend:
-        cfg = OmegaConf.create({"seed": seed, "backend": {"name": "local", "model": "tiny", "num_threads": 2}})
+        cfg = OmegaConf.create(
+            {"seed": seed, "backend": {"name": "local", "model": "tiny", "num_threads": 2}}
+        )
         return LocalBackend.from_config(cfg)
 
     a, b, c = build(4), build(4), build(5)

@@ -228,8 +228,12 @@ class LocalBackend:
                 tmp = out / (STATE_FILE + ".tmp")
                 torch.save(payload, tmp)
                 os.replace(tmp, out / STATE_FILE)
-                meta = {"model": self.config.model, "lora": self.config.lora.enabled,
-                        "weight_version": self._version, "seed": self.seed}
+                meta = {
+                    "model": self.config.model,
+                    "lora": self.config.lora.enabled,
+                    "weight_version": self._version,
+                    "seed": self.seed,
+                }
                 (out / META_FILE).write_text(json.dumps(meta, indent=2))
 
             await asyncio.to_thread(write)
@@ -244,12 +248,17 @@ class LocalBackend:
         self._check_open()
         file = Path(path) / STATE_FILE
         if not file.is_file():
-            raise TrainingError(f"no local-backend checkpoint at {str(file)!r}; pass a save_state directory")
+            raise TrainingError(
+                f"no local-backend checkpoint at {str(file)!r}; pass a save_state directory"
+            )
         async with self._lock:
+
             def read() -> None:
                 payload = torch.load(file, map_location="cpu", weights_only=True)
                 try:
-                    self._model.load_state_dict(payload["model"], strict=not self.config.lora.enabled)
+                    self._model.load_state_dict(
+                        payload["model"], strict=not self.config.lora.enabled
+                    )
                 except RuntimeError as exc:
                     raise TrainingError(
                         f"checkpoint {str(file)!r} does not fit backend.model={self.config.model!r}: {exc}"

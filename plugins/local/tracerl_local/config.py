@@ -22,7 +22,9 @@ class LoraConfig:
     """Adapter scaling."""
     dropout: float = 0.0
     """Adapter dropout; keep 0 so sampler and trainer logprobs agree."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
     """Modules that get adapters."""
 
 

@@ -56,6 +56,7 @@ def generate_batch(
     cache_arg: str,
     rng: torch.Generator,
     on_done: Callable[[int, GenOutput], None],
+    on_forward: Callable[[], None] = lambda: None,
 ) -> int:
     """Continue every request; call ``on_done(index, output)`` as each row finishes.
 
@@ -67,6 +68,8 @@ def generate_batch(
         cache_arg: Name of the forward's KV-cache argument (``model.cache_argument``).
         rng: Generator for rows without a seed of their own.
         on_done: Called from this thread once per row.
+        on_forward: Called before each forward pass (counters that are
+            complete by the time the last ``on_done`` fires).
 
     Returns:
         Number of forward passes run (1 prefill + decode steps).
@@ -90,7 +93,9 @@ def generate_batch(
     top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
     top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
     greedy = temperature <= 0
-    budgets = [min(p.max_tokens, max_positions - length) for p, length in zip(params, lengths)]
+    budgets = [
+        min(p.max_tokens, max_positions - length) for p, length in zip(params, lengths, strict=True)
+    ]
     stop_ids = [{eos_id, *p.stop_token_ids} for p in params]
     row_rngs = [
         torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params
@@ -102,6 +107,7 @@ def generate_batch(
             active[i] = False
             on_done(i, outputs[i])
 
+    on_forward()
     out = model_forward(
         model, ids, attn, positions, cache_arg=cache_arg, use_cache=True, logits_to_keep=1
     )
@@ -141,6 +147,7 @@ def generate_batch(
         # Finished rows keep decoding (their outputs are ignored); clamp so they never
         # run past the context length while longer rows continue.
         last_pos = (last_pos + 1).clamp_(max=max_positions - 1)
+        on_forward()
         out = model_forward(
             model, tokens[:, None], attn, last_pos, cache=cache, cache_arg=cache_arg, use_cache=True
         )

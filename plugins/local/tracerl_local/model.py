@@ -139,7 +139,9 @@ def load_model(cfg: LocalBackendConfig, seed: int) -> tuple[torch.nn.Module, Any
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if cfg.lora.enabled:
-        model = _apply_lora(model, cfg.lora)
+        with torch.random.fork_rng(devices=[]):  # adapter init is seeded too
+            torch.manual_seed(seed)
+            model = _apply_lora(model, cfg.lora)
     model.to(device)
     model.train()
     return model, tokenizer

@@ -88,6 +88,7 @@ class LocalSampler:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
         self._tokenizer = tokenizer
+        self._vocab = len(tokenizer)  # type: ignore[arg-type]
         self._max_positions = max_positions
         self._max_batch = max_batch_size
         self._wait_s = max(batch_wait_ms, 0.0) / 1000.0
@@ -147,13 +148,15 @@ class LocalSampler:
             raise SamplerError("the local sampler is closed; build a new backend to sample again")
         prompt = list(prompt_token_ids)
         if not prompt:
-            raise SamplerError(f"session {session_id!r}: the prompt is empty; send at least one token")
+            raise SamplerError(
+                f"session {session_id!r}: the prompt is empty; send at least one token"
+            )
         if len(prompt) >= self._max_positions:
             raise SamplerError(
                 f"context_length_exceeded: session {session_id!r} sent {len(prompt)} prompt tokens "
                 f"but the model's context is {self._max_positions}; shorten the history"
             )
-        vocab = len(self._tokenizer)  # type: ignore[arg-type]
+        vocab = self._vocab
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise SamplerError(
@@ -199,15 +202,23 @@ class LocalSampler:
         with self._lock:
             snap = self._current
             snap.active += 1
-        try:
-            def done(i: int, out: GenOutput) -> None:
-                result = SampleResult(out.token_ids, out.logprobs, out.finish_reason, snap.version)
-                try:
-                    loop.call_soon_threadsafe(_resolve, batch[i].future, result)
-                except RuntimeError:  # the caller's event loop is gone; nobody waits
-                    pass
+        stats = self.stats  # counted before results go out, so callers see them complete
+        stats.batches += 1
+        stats.requests += len(batch)
+        stats.largest_batch = max(stats.largest_batch, len(batch))
 
-            forwards = generate_batch(
+        def done(i: int, out: GenOutput) -> None:
+            result = SampleResult(out.token_ids, out.logprobs, out.finish_reason, snap.version)
+            try:
+                loop.call_soon_threadsafe(_resolve, batch[i].future, result)
+            except RuntimeError:  # the caller's event loop is gone; nobody waits
+                pass
+
+        def forward() -> None:
+            stats.forward_calls += 1
+
+        try:
+            generate_batch(
                 snap.model,
                 [p.request for p in batch],
                 tokenizer=self._tokenizer,
@@ -215,14 +226,11 @@ class LocalSampler:
                 cache_arg=self._cache_arg,
                 rng=self._rng,
                 on_done=done,
+                on_forward=forward,
             )
         finally:
             with self._lock:
                 snap.active -= 1
-        self.stats.batches += 1
-        self.stats.requests += len(batch)
-        self.stats.forward_calls += forwards
-        self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
 
     async def aclose(self) -> None:
         """Stop the batching task, fail waiting requests, release the thread; idempotent."""

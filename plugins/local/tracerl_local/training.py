@@ -102,7 +102,7 @@ def forward_backward_sync(
         chunk = datums[start : start + micro]
         width = max(len(d.model_input) for d in chunk)
 
-        def padded(values: list[list[float]]) -> torch.Tensor:
+        def padded(values: list[list[float]], width: int = width) -> torch.Tensor:
             out = torch.zeros((len(values), width), dtype=torch.float32)
             for i, v in enumerate(values):
                 out[i, : len(v)] = torch.tensor(v, dtype=torch.float32)
