@@ -140,6 +140,10 @@ class LocalRuntime:
         if self._closed:
             raise RuntimeStartError("this LocalRuntime was closed; create a new one")
         c = self.config
+        httpx_log = logging.getLogger("httpx")
+        if httpx_log.level == logging.NOTSET:
+            # One INFO line per start/get poll would drown the trainer's console.
+            httpx_log.setLevel(logging.WARNING)
         if c.workdir:
             self._root = Path(c.workdir)
             self._root.mkdir(parents=True, exist_ok=True)
