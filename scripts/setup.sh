@@ -8,4 +8,7 @@ PIP="python -m pip install --disable-pip-version-check -q"
 $PIP "torch==2.13.0"
 EXTRAS=""
 if [[ "${1:-}" == "test" ]]; then EXTRAS="[test]"; fi
-$PIP -e ".${EXTRAS}" -e plugins/local
+# The training-sessions SDK without the ~0.9 GB it declares (mlflow, pyarrow, ...);
+# its clients need only boto3 and pydantic (see docs/backends/sagemaker.md).
+$PIP --no-deps "sagemaker-train==1.27.0"
+$PIP -e ".${EXTRAS}" -e plugins/local -e plugins/tinker -e plugins/sagemaker
