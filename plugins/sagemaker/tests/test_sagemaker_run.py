@@ -126,3 +126,23 @@ def test_session_is_stopped_on_keyboard_interrupt(
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(Trainer(cfg, plugins).run())
     assert aws.stops[:1] == ["tracerl-0001"]
+
+
+@pytest.mark.integration
+def test_cli_names_missing_keys_and_exits(tmp_path: Path) -> None:
+    """``python -m core.train backend=sagemaker`` with nothing set: exit 1, every key named."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AWS_CONFIG_FILE"] = str(tmp_path / "no-config")
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(tmp_path / "no-credentials")
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.train", "backend=sagemaker", f"run_dir={tmp_path / 'run'}",
+         "trainer.progress=false"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    for key in ("backend.role_arn", "backend.region", "backend.base_model", "Nothing was sent"):
+        assert key in proc.stderr

@@ -114,3 +114,21 @@ def test_service_failure_ends_the_session_as_errored(
     with pytest.raises(TrainingError, match="service unavailable"):
         asyncio.run(Trainer(cfg, plugins).run())
     assert service.log.closes == ["errored"]
+
+
+@pytest.mark.integration
+def test_cli_names_missing_keys_and_exits(tmp_path: Path) -> None:
+    """``python -m core.train backend=tinker`` without a model or key: exit 1, both named."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.train", "backend=tinker", f"run_dir={tmp_path / 'run'}",
+         "trainer.progress=false"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    for key in ("backend.base_model", "backend.api_key", "TINKER_API_KEY", "Nothing was sent"):
+        assert key in proc.stderr
