@@ -101,6 +101,17 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         base = str(request.base_url).rstrip("/")
         return {"session_id": sid, "base_url": f"{base}/v1", "session_base_url": f"{base}/sessions/{sid}/v1"}
 
+    async def stats(request: Request) -> Any:
+        import time
+
+        # process_time: CPU seconds of the whole gateway process (benchmarks/gateway.py
+        # reads it; the load generator shares the cores, so CPU is the fair figure).
+        return {
+            "process_time": time.process_time(),
+            "sessions": len(gateway.sessions()),
+            "turns": sum(len(s.turns) for s in gateway.sessions()),
+        }
+
     async def listing(request: Request) -> Any:
         return {"sessions": [s.summary() for s in gateway.sessions()]}
 
@@ -121,6 +132,7 @@ def admin_routes(gateway: Gateway) -> list[Route]:
     return [
         Route("/admin/sessions", wrap(create), methods=["POST"]),
         Route("/admin/sessions", wrap(listing), methods=["GET"]),
+        Route("/admin/stats", wrap(stats), methods=["GET"]),
         Route("/admin/sessions/{sid}", wrap(info), methods=["GET"]),
         Route("/admin/sessions/{sid}", wrap(drop), methods=["DELETE"]),
         Route("/admin/sessions/{sid}/trace", wrap(trace), methods=["GET"]),

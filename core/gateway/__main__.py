@@ -1,0 +1,104 @@
+"""``python -m core.gateway``: serve the gateway on its own, to try an agent before training.
+
+Prints one JSON line (``base_url``, ``admin_token``, any pre-created
+``sessions``) and serves until interrupted. Create more sessions and read their
+traces over the admin routes, e.g.::
+
+    python -m core.gateway --reply "Hello!"                 # scripted model, tiny tokenizer
+    python -m core.gateway --sampler backend:local          # the local backend's model
+    curl -XPOST -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions
+    curl -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions/$SID/trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from typing import Any
+
+from core.gateway.config import GatewayConfig
+from core.types import SamplingParams
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m core.gateway", description=__doc__.splitlines()[0])
+    p.add_argument("--sampler", default="scripted",
+                   help="'scripted' (answers --reply every turn) or 'backend:<name>' (a driven backend's sampler)")
+    p.add_argument("--reply", default="Hello from the scripted sampler.", help="text the scripted sampler answers")
+    p.add_argument("--tokenizer", default="tiny", help="'tiny' (offline) or a Hugging Face name/path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--history-mode", default="linear", choices=["linear", "tree"])
+    p.add_argument("--tool-parser", default="auto")
+    p.add_argument("--max-context-tokens", type=int, default=4096, help="0 = unlimited")
+    p.add_argument("--max-tokens", type=int, default=256, help="session default max_tokens")
+    p.add_argument("--sessions", type=int, default=1, help="sessions to create at start")
+    p.add_argument("--admin-token", default="")
+    p.add_argument("--allow-sampling-overrides", action="store_true")
+    return p
+
+
+def _backend_sampler(name: str) -> tuple[Any, Any, str]:
+    """(sampler, tokenizer, model id) of a driven backend built with its default config."""
+    from omegaconf import OmegaConf
+
+    from core.plugins import load_plugins
+
+    spec = load_plugins().backend(name)
+    node = spec.config
+    conf = OmegaConf.structured(node) if not isinstance(node, dict) else OmegaConf.create(node)
+    backend = spec.factory(OmegaConf.create({"backend": conf, "seed": 0}))
+    return backend.sampler, backend.get_tokenizer(), backend.model_id()
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from core.gateway import Gateway, GatewayServer
+    from core.samplers import ScriptedSampler, encode_reply
+
+    if args.sampler == "scripted":
+        from core.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(args.tokenizer)
+        sampler: Any = ScriptedSampler(default=encode_reply(tok, args.reply), tokenizer=tok, record_calls=False)
+        model_id = "scripted"
+    elif args.sampler.startswith("backend:"):
+        sampler, tok, model_id = _backend_sampler(args.sampler.split(":", 1)[1])
+    else:
+        raise SystemExit(f"--sampler must be 'scripted' or 'backend:<name>', got {args.sampler!r}")
+    config = GatewayConfig(
+        host=args.host, port=args.port, history_mode=args.history_mode, tool_parser=args.tool_parser,
+        max_context_tokens=args.max_context_tokens, admin_token=args.admin_token,
+        allow_sampling_overrides=args.allow_sampling_overrides,
+    )
+    gw = Gateway(tokenizer=tok, sampler=sampler, config=config, model_id=model_id)
+    server = GatewayServer(gw, host=args.host, port=args.port)
+    await server.start()
+    # A long-lived server holds many small objects (messages, token lists); freezing
+    # the start-up heap and raising the young-generation threshold keeps cyclic-GC
+    # passes from rescanning them on every few hundred allocations.
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 50)
+    sids = [gw.create_session(sampling=SamplingParams(max_tokens=args.max_tokens)) for _ in range(args.sessions)]
+    print(json.dumps({"base_url": server.base_url, "root_url": server.root_url,
+                      "admin_token": server.admin_token, "sessions": sids, "model": model_id}), flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = _parser().parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
