@@ -1,4 +1,4 @@
-"""Fixtures: fake AWS credentials, a moto S3 server (module-scoped) on 127.0.0.1."""
+"""Fixtures: fake AWS credentials, a moto S3 server (one per test run) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from acr_helpers import BUCKET, CREDS, free_port
 
 
@@ -22,7 +21,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 (standing in for S3, which CI cannot reach), bucket made."""
     import boto3
@@ -32,13 +31,17 @@ def s3_endpoint() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    boto3.client(
+    s3 = boto3.client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-west-2",
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
-    ).create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    )
+    try:
+        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass  # moto's state is per process: another server in this run made it already
     try:
         yield endpoint
     finally:

@@ -129,7 +129,7 @@ class AcrClient:
                     self.limiter.on_throttle()
                     self.counts["throttled"] += 1
                     throttled += 1
-                    delay = min(10.0, 0.25 * 2 ** min(throttled, 6)) * (0.5 + random.random())
+                    delay = min(5.0, 0.1 * 2 ** min(throttled, 6)) * (0.5 + random.random())
                     if time.monotonic() + delay >= deadline:
                         raise AcrCallError(
                             f"{what}: still throttled ({code or status}) after {throttled} "

@@ -3,9 +3,10 @@
 AgentCore applies a single transactions-per-second limit per runtime ARN to
 InvokeAgentRuntime and StopRuntimeSession together, so both go through the
 same limiter. Calls are spaced ``1/rate`` apart (no bursts: a burst is what
-gets throttled). The rate adapts: a throttled call halves it (down to a
-floor), each accepted call wins a little back (up to the configured limit),
-the additive-increase / multiplicative-decrease rule TCP uses.
+gets throttled). The rate adapts: throttling halves it (down to a floor, and
+at most once per ``cooldown_s``, since one overload throttles every call in
+flight at once), each accepted call wins a little back (up to the configured
+limit): the additive-increase / multiplicative-decrease rule TCP uses.
 """
 
 from __future__ import annotations
@@ -26,16 +27,21 @@ class TpsLimiter:
         limit: Highest rate, calls per second.
         min_rate: Lowest rate the limiter backs off to.
         recovery: Fraction of ``limit`` regained per accepted call.
+        cooldown_s: Least time between two halvings.
     """
 
-    def __init__(self, limit: float, *, min_rate: float = 1.0, recovery: float = 0.02) -> None:
+    def __init__(
+        self, limit: float, *, min_rate: float = 1.0, recovery: float = 0.02, cooldown_s: float = 1.0
+    ) -> None:
         if not limit > 0:
             raise ValueError(f"tps limit must be > 0, got {limit!r}")
         self.limit = float(limit)
         self.min_rate = min(float(min_rate), self.limit)
         self.recovery = recovery
         self.rate = self.limit
+        self.cooldown_s = cooldown_s
         self._next = 0.0
+        self._last_cut = -float("inf")
         self.acquired = 0
         """Slots handed out so far."""
         self.throttles = 0
@@ -61,7 +67,10 @@ class TpsLimiter:
             self.rate = min(self.limit, self.rate + self.recovery * self.limit)
 
     def on_throttle(self) -> None:
-        """A throttled call: halve the rate and push the next slot out by one new interval."""
+        """A throttled call: halve the rate (once per cooldown) and push the next slot out."""
         self.throttles += 1
-        self.rate = max(self.min_rate, self.rate / 2.0)
-        self._next = max(self._next, time.monotonic() + 1.0 / self.rate)
+        now = time.monotonic()
+        if now - self._last_cut >= self.cooldown_s:
+            self._last_cut = now
+            self.rate = max(self.min_rate, self.rate / 2.0)
+        self._next = max(self._next, now + 1.0 / self.rate)

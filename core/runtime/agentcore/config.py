@@ -103,6 +103,8 @@ class AgentCoreRuntimeConfig:
     stop_sessions: bool = True
     """Stop each session (StopRuntimeSession) after its result or timeout; a session left
     running keeps its microVM billed until AgentCore's idle timeout."""
+    stop_timeout_s: float = 30.0
+    """Longest a StopRuntimeSession may take, throttling retries included (best effort)."""
     gateway_public_host: str = ""
     """Host agents dial for the gateway; empty keeps the one the trainer advertises
     (``gateway.public_host``). Must be reachable from the runtime's VPC."""

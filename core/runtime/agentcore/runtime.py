@@ -45,8 +45,6 @@ logger = logging.getLogger("core.runtime.agentcore")
 
 MIN_SESSION_ID = 33
 """AgentCore rejects shorter ``runtimeSessionId`` values."""
-STOP_TIMEOUT_S = 30.0
-"""Longest a StopRuntimeSession (with its throttling retries) may take."""
 _REJECTED_CODES = THROTTLE_CODES | {
     "ValidationException",
     "AccessDeniedException",
@@ -209,7 +207,7 @@ class AgentCoreRuntime:
         for _ in range(3):  # let cancelled rollouts reach their finally and schedule stops
             await asyncio.sleep(0)
         if self._stops:
-            await asyncio.wait(list(self._stops), timeout=STOP_TIMEOUT_S)
+            await asyncio.wait(list(self._stops), timeout=self.config.stop_timeout_s + 5.0)
         await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -326,7 +324,7 @@ class AgentCoreRuntime:
     async def _stop(self, session_id: str) -> None:
         assert self.acr is not None
         try:
-            await self.acr.stop(session_id, deadline=time.monotonic() + STOP_TIMEOUT_S)
+            await self.acr.stop(session_id, deadline=time.monotonic() + self.config.stop_timeout_s)
         except AcrCallError as exc:
             # Best effort: AgentCore ends idle sessions itself; say so rather than fail the rollout.
             logger.warning("could not stop AgentCore session %s: %s", session_id, exc)
