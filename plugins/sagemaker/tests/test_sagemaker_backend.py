@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 from sagemaker_fakes import GROUP, FakeControlPlane
+from tracerl_sagemaker import backend as backend_mod
+from tracerl_sagemaker.backend import SageMakerBackend
+from tracerl_sagemaker.config import SageMakerBackendConfig
+from tracerl_sagemaker.sampler import sagemaker_sampling_params
 
 from core.errors import ConfigError, SamplerError, TrainingError
 from core.interfaces import Sampler, TrainingBackend
 from core.testing.conformance import BackendConformance
 from core.types import AdamParams, Datum, FinishReason, SamplingParams
-from tracerl_sagemaker import backend as backend_mod
-from tracerl_sagemaker.backend import SageMakerBackend
-from tracerl_sagemaker.config import SageMakerBackendConfig
-from tracerl_sagemaker.sampler import sagemaker_sampling_params
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerTrainingSessions"
 MODEL = "huggingface-llm-qwen3-8b"

@@ -19,15 +19,15 @@ import pytest
 from omegaconf import OmegaConf
 from tinker import types
 from tinker_fakes import FakeServiceClient
+from tracerl_tinker import backend as backend_mod
+from tracerl_tinker.backend import TinkerBackend
+from tracerl_tinker.config import TinkerBackendConfig
+from tracerl_tinker.sampler import tinker_stop
 
 from core.errors import ConfigError, SamplerError, TrainingError
 from core.interfaces import Sampler, TrainingBackend
 from core.testing.conformance import BackendConformance, datum_from_sample
 from core.types import AdamParams, Datum, FinishReason, SamplingParams
-from tracerl_tinker import backend as backend_mod
-from tracerl_tinker.backend import TinkerBackend
-from tracerl_tinker.config import TinkerBackendConfig
-from tracerl_tinker.sampler import tinker_stop
 
 
 def _cfg(**overrides: Any) -> Any:

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from tinker_fakes import FakeServiceClient
+from tracerl_tinker import backend as backend_mod
 
 from core.errors import TrainingError
 from core.plugins import load_plugins
 from core.testing.fakes import compose
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
-from tracerl_tinker import backend as backend_mod
 
 
 def _cfg(run_dir: Path, *extra: str) -> tuple[Any, Any]:
