@@ -32,4 +32,6 @@ def test_cli_serves_and_shows_traces() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert proc.returncode is not None
