@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import math
 import sys
 import time
 from collections import Counter
@@ -300,10 +301,11 @@ class Trainer:
         times.rollout = time.perf_counter() - t_step
         statuses = self._check_failures(outcomes)
         datums, group_metrics = self._datums(outcomes)
-        train_metrics: dict[str, float] = {}
+        # Stable keys: a step without a learning signal reports NaN (null in JSON).
+        train_metrics: dict[str, float] = {"train/loss": math.nan, "train/logprob_diff_max": math.nan}
         if datums:
             t0 = time.perf_counter()
-            train_metrics = await self._train(datums)
+            train_metrics.update(await self._train(datums))
             times.train = time.perf_counter() - t0
             t0 = time.perf_counter()
             self.gateway.set_sampler(await self.backend.sync_sampler())
