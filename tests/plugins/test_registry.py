@@ -92,8 +92,9 @@ def test_unknown_backend_lists_installed() -> None:
     plugins = load_plugins(extra_plugins=(_plugin("fake"),))
     with pytest.raises(BackendNotFoundError) as info:
         plugins.backend("nope")
-    assert "Installed backends: fake, local" in str(info.value)
-    assert info.value.installed == ("fake", "local")
+    listed = str(info.value).split("Installed backends: ")[1].rstrip(".").split(", ")
+    assert {"fake", "local"} <= set(listed)
+    assert listed == sorted(listed) == list(info.value.installed)
     assert isinstance(info.value, ConfigError) and isinstance(info.value, LookupError)
     copy = pickle.loads(pickle.dumps(info.value))
     assert str(copy) == str(info.value) and copy.installed == info.value.installed
@@ -105,7 +106,7 @@ def test_missing_in_tree_backend_names_the_install() -> None:
 
 
 def test_unknown_runtime_lists_installed() -> None:
-    with pytest.raises(ConfigError, match="Installed runtimes: local"):
+    with pytest.raises(ConfigError, match=r"Installed runtimes: (\w+, )*local\b"):
         load_plugins().runtime("kubernetes")
 
 
