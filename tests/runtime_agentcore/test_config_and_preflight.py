@@ -173,3 +173,15 @@ def test_importing_the_runtime_and_stand_in_loads_no_boto3() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_every_config_key_is_documented() -> None:
+    import dataclasses
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "agentcore.md").read_text()
+    missing = [
+        f.name for f in dataclasses.fields(AgentCoreRuntimeConfig) if f"| `{f.name}` |" not in text
+    ]
+    assert not missing, f"document these runtime.* keys in docs/agentcore.md: {missing}"
+    assert "No call to real AWS was made" in " ".join(text.replace(">", " ").split())
