@@ -24,7 +24,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from core.errors import RuntimeStartError
 from core.runtime.agentcore._limiter import TpsLimiter
+
+_OLD_BOTO3 = (
+    "boto3 {version} lacks the bedrock-agentcore InvokeAgentRuntime/StopRuntimeSession "
+    "operations; upgrade it: pip install -U boto3"
+)
 
 THROTTLE_CODES = frozenset(
     {
@@ -86,6 +92,7 @@ class AcrClient:
     ) -> None:
         import boto3  # lazy: core.runtime must import without the aws extra
         from botocore.config import Config
+        from botocore.exceptions import UnknownServiceError
 
         self.arn = arn
         self.limiter = limiter
@@ -94,18 +101,23 @@ class AcrClient:
         self.cold_start_retry_delay_s = cold_start_retry_delay_s
         self.counts: dict[str, int] = {"invoke": 0, "stop": 0, "throttled": 0, "cold_start": 0}
         """Attempts made and retries taken, for metrics and tests."""
-        self._client = boto3.client(
-            "bedrock-agentcore",
-            region_name=region,
-            endpoint_url=endpoint_url,
-            config=Config(
-                retries={"mode": "standard", "total_max_attempts": 1},
-                max_pool_connections=max_workers,
-                read_timeout=read_timeout_s,
-                connect_timeout=10,
-                user_agent_extra="tracerl",
-            ),
-        )
+        try:
+            self._client = boto3.client(
+                "bedrock-agentcore",
+                region_name=region,
+                endpoint_url=endpoint_url,
+                config=Config(
+                    retries={"mode": "standard", "total_max_attempts": 1},
+                    max_pool_connections=max_workers,
+                    read_timeout=read_timeout_s,
+                    connect_timeout=10,
+                    user_agent_extra="tracerl",
+                ),
+            )
+        except UnknownServiceError as exc:
+            raise RuntimeStartError(_OLD_BOTO3.format(version=boto3.__version__)) from exc
+        if not hasattr(self._client, "stop_runtime_session"):
+            raise RuntimeStartError(_OLD_BOTO3.format(version=boto3.__version__))
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="acr")
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
