@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from verl_fixtures import FakeLLMServerClient, close, expected_logprobs, make_loop
+from verl_test_agents import score
 
 from core.errors import SamplerError
 from core.types import FinishReason, SamplingParams, TraceRecord, TurnSpan
@@ -60,14 +61,14 @@ def test_two_turn_rollout_masks_and_logprobs_align(host_loop: Any, tiny_tokenize
     assert out.response_mask == [1] * len(reply) + [0] * len(observation) + [1] * len(reply)
     lp = expected_logprobs(len(reply))
     assert close(out.response_logprobs, lp + [0.0] * len(observation) + lp)
-    # reward from the agent ("aa" -> 2 a's of 4), set on the row itself
-    assert out.reward_score == pytest.approx(0.5)
+    # reward from the agent, set on the row itself
+    assert out.reward_score == pytest.approx(score("aa"))
     assert out.extra_fields["min_global_steps"] == 3
     assert out.extra_fields["max_global_steps"] == 3
     assert "reward_extra_info" in out.extra_fields
     # verl can turn it into its tensors (rm_scores at the last response token)
     d = out.as_dict()
-    assert d["rm_scores"][-1].item() == pytest.approx(0.5)
+    assert d["rm_scores"][-1].item() == pytest.approx(score("aa"))
     assert d["rollout_log_probs"].shape == d["responses"].shape
     # per-turn sampling settings reached verl's server in the keys it accepts
     sp = client.calls[0]["sampling_params"]
@@ -82,7 +83,7 @@ def test_forked_rollout_puts_most_trained_row_last(host_loop: Any, tiny_tokenize
     assert len(outputs) == 2
     trained = [sum(o.response_mask) for o in outputs]
     assert trained[0] < trained[1]
-    assert all(o.reward_score == pytest.approx(0.25) for o in outputs)
+    assert all(o.reward_score == pytest.approx(score("a")) for o in outputs)
     assert all(o.extra_fields["min_global_steps"] == 3 for o in outputs)
     # the forked row starts from the third call's prompt
     assert outputs[0].prompt_ids == client.calls[2]["prompt_ids"]

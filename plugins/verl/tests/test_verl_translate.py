@@ -1,0 +1,116 @@
+"""Config translation: tracerl's composed config -> verl's command, and the dry run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from verl_fixtures import compose_tracerl
+
+from core.errors import ConfigError
+from tracerl_verl.data import verl_rows
+from tracerl_verl.translate import LaunchPaths, verl_command, verl_env, verl_overrides
+
+ROOT = Path(__file__).resolve().parents[3]
+PATHS = LaunchPaths(
+    run_dir="/runs/r1", model="/m", train_file="/d/t.parquet", val_file="/d/v.parquet", agent_loop_yaml="/d/a.yaml"
+)
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in overrides)
+
+
+def test_tracerl_settings_map_to_verl_keys() -> None:
+    cfg = compose_tracerl(
+        [
+            "backend=verl",
+            "trainer.batch_size=4",
+            "trainer.group_size=8",
+            "trainer.max_steps=7",
+            "algorithm.learning_rate=2e-6",
+            "algorithm.temperature=0.9",
+            "algorithm.eval_temperature=0",
+            "seed=5",
+        ]
+    )
+    o = _as_dict(verl_overrides(cfg, PATHS))
+    assert o["data.train_batch_size"] == "4"
+    assert o["actor_rollout_ref.rollout.n"] == "8"
+    assert o["trainer.total_training_steps"] == "7"
+    assert o["actor_rollout_ref.actor.optim.lr"] == "2e-06"
+    assert o["actor_rollout_ref.rollout.temperature"] == "0.9"
+    assert o["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "false"
+    assert o["algorithm.adv_estimator"] == "grpo"
+    assert o["data.seed"] == "5"
+    assert o["trainer.v1.trainer_mode"] == "tracerl_sync"
+    # one optimizer step per batch: mini-batch = the whole batch of prompts
+    assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+    assert o["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == "/d/a.yaml"
+    assert o["trainer.default_local_dir"] == "/runs/r1/verl_checkpoints"
+    assert "trainer.device" not in o
+
+
+def test_raw_overrides_come_last_and_env_reaches_ray_workers() -> None:
+    cfg = compose_tracerl(
+        ["backend=verl", "backend.overrides=['actor_rollout_ref.actor.ppo_epochs=2','trainer.nnodes=4']", "+backend.env.MY_VAR=x"]
+    )
+    out = verl_overrides(cfg, PATHS)
+    assert out[-2:] == ["actor_rollout_ref.actor.ppo_epochs=2", "trainer.nnodes=4"]
+    env_override = next(o for o in out if o.startswith("+ray_kwargs.ray_init.runtime_env.env_vars="))
+    assert 'MY_VAR:"x"' in env_override and 'VERL_USE_EXTERNAL_MODULES:"tracerl_verl.verl_ext"' in env_override
+    assert verl_env(cfg)["MY_VAR"] == "x"
+    cmd = verl_command(cfg, PATHS)
+    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
+
+
+def test_cpu_mode_adds_the_test_only_shims() -> None:
+    cfg = compose_tracerl(["backend=verl", "backend.device=cpu", "backend.rollout=tracerl_cpu"])
+    o = _as_dict(verl_overrides(cfg, PATHS))
+    assert o["trainer.device"] == "cpu"
+    assert o["+ray_kwargs.ray_init.num_gpus"] == "8"
+    assert verl_env(cfg)["VERL_PLATFORM"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.loss=cispo", "policy_loss.loss_mode"),
+        ("algorithm.name=dpo", "advantage estimator"),
+        ("backend.trainer_mode=fast", "trainer_mode"),
+        ("backend.device=tpu", "backend.device"),
+    ],
+)
+def test_untranslatable_settings_say_what_to_do(override: str, message: str) -> None:
+    cfg = compose_tracerl(["backend=verl", override])
+    with pytest.raises(ConfigError, match=message):
+        verl_overrides(cfg, PATHS)
+
+
+def test_payload_rows_carry_the_payload_and_route_to_our_loop() -> None:
+    rows = verl_rows([{"n": 1, "answer": "2"}, {"q": "x"}], agent_name="tracerl_agent")
+    assert [json.loads(r["tracerl_payload"]) for r in rows] == [{"n": 1, "answer": "2"}, {"q": "x"}]
+    assert all(r["agent_name"] == "tracerl_agent" for r in rows)
+    assert rows[1]["extra_info"] == {"index": 1}
+    assert rows[0]["prompt"][0]["role"] == "user"
+
+
+def test_dry_run_prints_the_exact_command_and_writes_its_inputs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.train", "backend=verl", "backend.dry_run=true", f"run_dir={run_dir}",
+         "task.generator_kwargs.rows=5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verl.trainer.main_ppo" in proc.stdout
+    assert f"data.train_files={run_dir}/verl/train.parquet" in proc.stdout
+    table = pq.read_table(run_dir / "verl" / "train.parquet")
+    assert table.num_rows == 5
+    assert {"prompt", "tracerl_payload", "agent_name", "reward_model", "extra_info"} <= set(table.column_names)
+    assert (run_dir / "verl" / "model" / "config.json").exists()
+    assert "tracerl_verl.agent_loop.TracerlAgentLoop" in (run_dir / "verl" / "agent_loops.yaml").read_text()
