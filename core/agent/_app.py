@@ -75,10 +75,19 @@ class RequestContext:
     """Runtime session id (from ``X-Amzn-Bedrock-AgentCore-Runtime-Session-Id``)."""
     invocation_id: str
     """Id of this invocation within the session."""
-    workdir: Path
-    """A directory for this session alone (sessions share the process, not the folder)."""
+    workdir_path: Path
+    """Where the session's directory is (created on first use of ``workdir``)."""
     request_headers: dict[str, str] = field(default_factory=dict)
     """Headers of the HTTP request that started the invocation."""
+
+    @property
+    def workdir(self) -> Path:
+        """A directory for this session alone (sessions share the process, not the folder).
+
+        Created on first use, so agents that never touch files cost no file system work.
+        """
+        self.workdir_path.mkdir(parents=True, exist_ok=True)
+        return self.workdir_path
 
 
 @dataclass
@@ -267,18 +276,25 @@ class AgentApp:
                 inv = self._start(session_id, op.invocation_id, body, headers)
             if not op.background:
                 return await asyncio.shield(self._wait(inv))
+            if op.wait_s > 0:  # our extension: start and long-poll in one request
+                await self._wait_for(inv, op.wait_s)
             return self._snapshot(inv)
         if inv is None:
             return invocation_state(op.invocation_id, "not_found", **{SERVER_MARKER: 1})
         if op.operation == "cancel" and inv.task is not None and not inv.task.done():
             inv.task.cancel()
             await asyncio.wait([inv.task], timeout=5)
-        elif op.operation == "get" and op.wait_s > 0 and not inv.done.is_set():
-            try:
-                await asyncio.wait_for(inv.done.wait(), timeout=op.wait_s)
-            except TimeoutError:
-                pass
+        elif op.operation == "get" and op.wait_s > 0:
+            await self._wait_for(inv, op.wait_s)
         return self._snapshot(inv)
+
+    async def _wait_for(self, inv: _Invocation, wait_s: float) -> None:
+        if inv.done.is_set():
+            return
+        try:
+            await asyncio.wait_for(inv.done.wait(), timeout=wait_s)
+        except TimeoutError:
+            pass
 
     def _snapshot(self, inv: _Invocation) -> dict[str, Any]:
         if inv.state is not None:
@@ -295,9 +311,7 @@ class AgentApp:
             return Path.cwd()
         # Session ids come from a header: keep them from naming paths outside the root.
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)[:200]
-        path = self.workdir_root / (safe.lstrip(".") or "_")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return self.workdir_root / (safe.lstrip(".") or "_")
 
     def _start(
         self,
@@ -314,7 +328,7 @@ class AgentApp:
         context = RequestContext(
             session_id=session_id,
             invocation_id=invocation_id,
-            workdir=self._workdir(session_id),
+            workdir_path=self._workdir(session_id),
             request_headers=headers,
         )
         self._live += 1

@@ -31,6 +31,7 @@ from core.agent._protocol import (
     InvocationOp,
     s3_result_key,
 )
+from core.http import HTTPClient
 from core.runtime._process import AgentProcess
 from core.types import RolloutStatus
 
@@ -84,7 +85,7 @@ class HttpChannel:
     """Start/get polling over HTTP (AgentCore Runtime's ``_agentcore_runtime`` envelope)."""
 
     def __init__(
-        self, client: httpx.AsyncClient, *, poll_interval_s: float = 0.05, max_poll_s: float = 1.0
+        self, client: HTTPClient, *, poll_interval_s: float = 0.05, max_poll_s: float = 1.0
     ) -> None:
         self.client = client
         self.poll_interval_s = poll_interval_s
@@ -106,14 +107,22 @@ class HttpChannel:
                 process lost the invocation (it was restarted).
             httpx.TransportError: the process could not be reached.
         """
-        start = InvocationOp("start", inv.invocation_id, background=True)
+        # Once a process has shown it is a core.agent server, start and long-poll in one
+        # request (half the HTTP work per rollout); other servers would reject wait_s.
+        known = inv.proc.speaks_tracerl
+        start = InvocationOp(
+            "start", inv.invocation_id, background=True, wait_s=LONG_POLL_S if known else 0.0
+        )
         state = _check_reply(
-            await self._post(inv, {**inv.payload, ENVELOPE_KEY: start.to_envelope()}, 30.0),
+            await self._post(
+                inv, {**inv.payload, ENVELOPE_KEY: start.to_envelope()}, LONG_POLL_S + 30.0
+            ),
             "start request",
         )
         if not isinstance(state, dict) or state.get("invocation_id") != inv.invocation_id:
             return state  # a server without the protocol answered with the output itself
         ours = bool(state.get(SERVER_MARKER))
+        inv.proc.speaks_tracerl = ours
         delay = self.poll_interval_s
         while state.get("status") == "in_progress":
             if ours:
@@ -149,7 +158,7 @@ class S3Channel:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HTTPClient,
         *,
         bucket: str,
         exp_id: str,

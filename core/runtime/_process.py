@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from core.errors import RuntimeStartError
+from core.http import HTTPClient
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
@@ -65,6 +66,8 @@ class AgentProcess:
         self.in_flight = 0
         self.restarts = 0
         self.healthy = False
+        self.speaks_tracerl = False
+        """Set once the process answered like a ``core.agent`` server (long-poll on start)."""
         self._restart_lock = asyncio.Lock()
 
     @property
@@ -109,7 +112,7 @@ class AgentProcess:
         self.port = None
         self.healthy = False
 
-    async def wait_ready(self, client: httpx.AsyncClient, timeout_s: float) -> None:
+    async def wait_ready(self, client: HTTPClient, timeout_s: float) -> None:
         """Wait until the process answers ``/ping`` with 200.
 
         Raises:
@@ -146,7 +149,7 @@ class AgentProcess:
             f" ends with:\n{tail}" if tail else " is empty"
         )
 
-    async def restart(self, client: httpx.AsyncClient, timeout_s: float) -> bool:
+    async def restart(self, client: HTTPClient, timeout_s: float) -> bool:
         """Replace a dead process; False (and ``healthy`` False) if the new one never listens.
 
         Concurrent callers share one restart: whoever finds the process already

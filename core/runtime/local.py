@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from core.errors import ConfigError, RuntimeStartError
+from core.http import ShardedClient
 from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
 from core.runtime._process import AgentProcess
 from core.runtime._results import failed, result_from_output
@@ -95,7 +96,7 @@ class LocalRuntime:
         self._root: Path | None = None
         self._own_root = False
         self._procs: list[AgentProcess] = []
-        self._client: httpx.AsyncClient | None = None
+        self._client: ShardedClient | None = None
         self._channel: HttpChannel | S3Channel | None = None
         self._sem = asyncio.Semaphore(c.max_concurrency)
         self._tasks: dict[str, asyncio.Task[Any]] = {}
@@ -150,13 +151,8 @@ class LocalRuntime:
         else:
             self._root = Path(tempfile.mkdtemp(prefix="tracerl-local-"))
             self._own_root = True
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=c.max_concurrency + 8 * c.num_processes,
-                max_keepalive_connections=c.max_concurrency + 8 * c.num_processes,
-            ),
-            timeout=30.0,
-            trust_env=False,
+        self._client = ShardedClient(
+            max_connections=c.max_concurrency + 8 * c.num_processes, timeout=30.0, trust_env=False
         )
         if c.result_channel == "s3":
             self._channel = S3Channel(
@@ -374,7 +370,9 @@ class LocalRuntime:
         if self._root is None:
             return
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in inv.session_id)[:200]
-        shutil.rmtree(self._root / "sessions" / (safe.lstrip(".") or "_"), ignore_errors=True)
+        path = self._root / "sessions" / (safe.lstrip(".") or "_")
+        if path.exists():  # agents create it only when they use it
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _NoProcess(AgentFault):

@@ -6,8 +6,9 @@ prompt, and a 137k-parameter model learns it from scratch in under a minute
 on 2 CPU cores with the reward below.
 
 The agent is ordinary production-style code: it calls the OpenAI-compatible
-endpoint it is given (plain httpx, one shared client per process, to keep the
-toy agent cheap; the examples/ agents use the official SDKs) and returns a reward.
+endpoint it is given (plain httpx behind ``core.http.ShardedClient``, one per
+process, to keep the toy agent cheap with hundreds of sessions in flight; the
+examples/ agents use the official SDKs) and returns a reward.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from core.agent import AgentApp
+from core.http import ShardedClient
 
 SYSTEM = "Say the next digit."
 
@@ -55,13 +55,13 @@ def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: in
 
 
 app = AgentApp()
-_client: httpx.AsyncClient | None = None
+_client: ShardedClient | None = None
 
 
-def _http() -> httpx.AsyncClient:
+def _http() -> ShardedClient:
     global _client
     if _client is None:
-        _client = httpx.AsyncClient(timeout=60.0, limits=httpx.Limits(max_connections=512))
+        _client = ShardedClient(max_connections=512, timeout=60.0, trust_env=False)
     return _client
 
 
