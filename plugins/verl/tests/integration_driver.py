@@ -39,13 +39,13 @@ def main(run_dir: str, agents_dir: str) -> None:
     import verl.trainer
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from tracerl_verl.backend import prepare_launch
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
     from verl.utils import tensordict_utils as tu
     from verl.workers.rollout.llm_server import LLMServerManager
 
     from core.plugins import load_plugins
     from core.testing.fakes import compose as compose_tracerl
-    from tracerl_verl.backend import prepare_launch
 
     data = os.path.join(run_dir, "train.jsonl")
     with open(data, "w") as f:
@@ -65,7 +65,9 @@ def main(run_dir: str, agents_dir: str) -> None:
     )
     paths = prepare_launch(tcfg)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.trainer.__file__), "config"), version_base=None):
+    with initialize_config_dir(
+        config_dir=os.path.join(os.path.dirname(verl.trainer.__file__), "config"), version_base=None
+    ):
         config = compose(
             "ppo_trainer",
             overrides=[
@@ -84,9 +86,20 @@ def main(run_dir: str, agents_dir: str) -> None:
                 "trainer.n_gpus_per_node=1",
             ],
         )
-    env = {k: os.environ[k] for k in ("VERL_USE_EXTERNAL_MODULES", "TRACERL_VERL_CPU", "VERL_PLATFORM", "TORCH_COMPILE_DISABLE", "TOKENIZERS_PARALLELISM")}
+    env = {
+        k: os.environ[k]
+        for k in (
+            "VERL_USE_EXTERNAL_MODULES",
+            "TRACERL_VERL_CPU",
+            "VERL_PLATFORM",
+            "TORCH_COMPILE_DISABLE",
+            "TOKENIZERS_PARALLELISM",
+        )
+    }
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), agents_dir])
-    ray.init(num_cpus=16, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="ERROR")
+    ray.init(
+        num_cpus=16, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="ERROR"
+    )
     try:
         tq.init(config.transfer_queue)
         manager = LLMServerManager.create(config)
@@ -97,7 +110,9 @@ def main(run_dir: str, agents_dir: str) -> None:
             {
                 "dummy_tensor": torch.zeros(len(modes), 1, dtype=torch.uint8),
                 # a 1-D object array of message lists (the trailing None keeps numpy from nesting)
-                "raw_prompt": np.array([[{"role": "user", "content": m}] for m in modes] + [None], dtype=object)[:-1],
+                "raw_prompt": np.array(
+                    [[{"role": "user", "content": m}] for m in modes] + [None], dtype=object
+                )[:-1],
                 "agent_name": np.array(["tracerl_agent"] * len(modes), dtype=object),
                 "index": np.arange(len(modes)),
                 "uid": np.array(uids, dtype=object),
@@ -118,12 +133,25 @@ def main(run_dir: str, agents_dir: str) -> None:
             if time.time() - start > 240:
                 raise TimeoutError(f"groups did not finish: {statuses}")
             time.sleep(0.5)
-        out: dict[str, object] = {"status": {m: statuses[u] for m, u in zip(modes, uids, strict=True)}, "rows": {}}
+        out: dict[str, object] = {
+            "status": {m: statuses[u] for m, u in zip(modes, uids, strict=True)},
+            "rows": {},
+        }
         for mode, uid in zip(modes, uids, strict=True):
             keys = sorted(k for k in listing if k.startswith(uid + "_"))
             rows = []
             if keys:
-                got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores"])
+                got = tq.kv_batch_get(
+                    keys=keys,
+                    partition_id="train",
+                    select_fields=[
+                        "prompts",
+                        "responses",
+                        "response_mask",
+                        "rollout_log_probs",
+                        "rm_scores",
+                    ],
+                )
                 for i, key in enumerate(keys):
                     rows.append(
                         {
@@ -132,7 +160,10 @@ def main(run_dir: str, agents_dir: str) -> None:
                             "mask": got["response_mask"][i].tolist(),
                             "logprobs": got["rollout_log_probs"][i].tolist(),
                             "reward": float(got["rm_scores"][i].sum()),
-                            "tags": {k: listing[key].get(k) for k in ("status", "min_global_steps", "max_global_steps")},
+                            "tags": {
+                                k: listing[key].get(k)
+                                for k in ("status", "min_global_steps", "max_global_steps")
+                            },
                         }
                     )
             out["rows"][mode] = rows  # type: ignore[index]

@@ -12,20 +12,32 @@ import json
 from typing import Any
 
 import pytest
+from tracerl_verl.agent_loop import RolloutFailed, WorkerHost
+from tracerl_verl.rows import order_rows, split_row
+from tracerl_verl.sampler import VerlSampler, infer_finish_reason, verl_sampling_params
 from verl_fixtures import FakeLLMServerClient, close, expected_logprobs, make_loop
 from verl_test_agents import score
 
 from core.errors import SamplerError
 from core.types import FinishReason, SamplingParams, TraceRecord, TurnSpan
-from tracerl_verl.agent_loop import RolloutFailed, WorkerHost
-from tracerl_verl.rows import order_rows, split_row
-from tracerl_verl.sampler import VerlSampler, infer_finish_reason, verl_sampling_params
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "repetition_penalty": 1.0,
+    "logprobs": True,
+}
 
 
 def _row_kwargs(payload: dict[str, Any], uid: str = "u0") -> dict[str, Any]:
-    return {"tracerl_payload": json.dumps(payload), "uid": uid, "global_steps": 3, "session_id": 0, "index": 0}
+    return {
+        "tracerl_payload": json.dumps(payload),
+        "uid": uid,
+        "global_steps": 3,
+        "session_id": 0,
+        "index": 0,
+    }
 
 
 def _run(host_loop: Any, client: Any, tokenizer: Any, payload: dict[str, Any]) -> list[Any]:
@@ -89,14 +101,18 @@ def test_forked_rollout_puts_most_trained_row_last(host_loop: Any, tiny_tokenize
     assert outputs[0].prompt_ids == client.calls[2]["prompt_ids"]
 
 
-def test_crashed_rollout_raises_so_verl_drops_it_from_the_group(host_loop: Any, tiny_tokenizer: Any) -> None:
+def test_crashed_rollout_raises_so_verl_drops_it_from_the_group(
+    host_loop: Any, tiny_tokenizer: Any
+) -> None:
     client = FakeLLMServerClient(tiny_tokenizer)
     with pytest.raises(RolloutFailed, match="crashed") as info:
         _run(host_loop, client, tiny_tokenizer, {"mode": "crash"})
     assert info.value.status == "crashed"
 
 
-def test_rollout_without_a_model_call_is_a_failure_not_a_reward(host_loop: Any, tiny_tokenizer: Any) -> None:
+def test_rollout_without_a_model_call_is_a_failure_not_a_reward(
+    host_loop: Any, tiny_tokenizer: Any
+) -> None:
     client = FakeLLMServerClient(tiny_tokenizer)
     with pytest.raises(RolloutFailed, match="no trainable model call"):
         _run(host_loop, client, tiny_tokenizer, {"mode": "no_call"})
@@ -145,8 +161,14 @@ def test_sampling_params_only_send_keys_servers_accept() -> None:
     vllm = verl_sampling_params(p, "vllm")
     sglang = verl_sampling_params(p, "sglang")
     assert vllm == {
-        "max_tokens": 5, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "logprobs": True,
-        "stop": ["x"], "stop_token_ids": [4], "seed": 1,
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "logprobs": True,
+        "stop": ["x"],
+        "stop_token_ids": [4],
+        "seed": 1,
     }
     assert "seed" not in sglang
 
@@ -155,7 +177,9 @@ def test_sampler_weight_version_and_session_steps(tiny_tokenizer: Any) -> None:
     import asyncio
 
     client = FakeLLMServerClient(tiny_tokenizer, text="a", global_steps=5)
-    sampler = VerlSampler(client, rollout_name="vllm", stop_ids=frozenset([tiny_tokenizer.eos_token_id]))
+    sampler = VerlSampler(
+        client, rollout_name="vllm", stop_ids=frozenset([tiny_tokenizer.eos_token_id])
+    )
 
     async def go() -> Any:
         r1 = await sampler.sample([1, 2], SamplingParams(max_tokens=4), session_id="s1")
@@ -175,7 +199,9 @@ def test_sampler_rejects_aborted_and_overlong_outputs(tiny_tokenizer: Any) -> No
     import asyncio
 
     sampler = VerlSampler(
-        FakeLLMServerClient(tiny_tokenizer, stop_reason="aborted"), rollout_name="vllm", stop_ids=frozenset()
+        FakeLLMServerClient(tiny_tokenizer, stop_reason="aborted"),
+        rollout_name="vllm",
+        stop_ids=frozenset(),
     )
     with pytest.raises(SamplerError, match="aborted"):
         asyncio.run(sampler.sample([1], SamplingParams(max_tokens=4), session_id="s"))

@@ -39,7 +39,10 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run_dir = tmp_path_factory.mktemp("verl_integration")
     proc = subprocess.run(
         [sys.executable, str(DRIVER), str(run_dir), str(AGENTS_DIR)],
-        cwd=ROOT, capture_output=True, text=True, timeout=400,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     log = proc.stdout + proc.stderr
     (run_dir / "driver.log").write_text(log)

@@ -33,10 +33,14 @@ def _metric(log: str, name: str) -> list[float]:
 @pytest.mark.integration
 def test_core_train_backend_verl_trains_on_cpu(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"payload": {"mode": "two_turn", "n": i}}) + "\n" for i in range(8)))
+    data.write_text(
+        "".join(json.dumps({"payload": {"mode": "two_turn", "n": i}}) + "\n" for i in range(8))
+    )
     run_dir = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "core.train",
+        sys.executable,
+        "-m",
+        "core.train",
         "backend=verl",
         "backend.device=cpu",
         "backend.rollout=tracerl_cpu",

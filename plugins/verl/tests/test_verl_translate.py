@@ -9,15 +9,19 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from tracerl_verl.data import verl_rows
+from tracerl_verl.translate import LaunchPaths, verl_command, verl_env, verl_overrides
 from verl_fixtures import compose_tracerl
 
 from core.errors import ConfigError
-from tracerl_verl.data import verl_rows
-from tracerl_verl.translate import LaunchPaths, verl_command, verl_env, verl_overrides
 
 ROOT = Path(__file__).resolve().parents[3]
 PATHS = LaunchPaths(
-    run_dir="/runs/r1", model="/m", train_file="/d/t.parquet", val_file="/d/v.parquet", agent_loop_yaml="/d/a.yaml"
+    run_dir="/runs/r1",
+    model="/m",
+    train_file="/d/t.parquet",
+    val_file="/d/v.parquet",
+    agent_loop_yaml="/d/a.yaml",
 )
 
 
@@ -57,12 +61,21 @@ def test_tracerl_settings_map_to_verl_keys() -> None:
 
 def test_raw_overrides_come_last_and_env_reaches_ray_workers() -> None:
     cfg = compose_tracerl(
-        ["backend=verl", "backend.overrides=['actor_rollout_ref.actor.ppo_epochs=2','trainer.nnodes=4']", "+backend.env.MY_VAR=x"]
+        [
+            "backend=verl",
+            "backend.overrides=['actor_rollout_ref.actor.ppo_epochs=2','trainer.nnodes=4']",
+            "+backend.env.MY_VAR=x",
+        ]
     )
     out = verl_overrides(cfg, PATHS)
     assert out[-2:] == ["actor_rollout_ref.actor.ppo_epochs=2", "trainer.nnodes=4"]
-    env_override = next(o for o in out if o.startswith("+ray_kwargs.ray_init.runtime_env.env_vars="))
-    assert 'MY_VAR:"x"' in env_override and 'VERL_USE_EXTERNAL_MODULES:"tracerl_verl.verl_ext"' in env_override
+    env_override = next(
+        o for o in out if o.startswith("+ray_kwargs.ray_init.runtime_env.env_vars=")
+    )
+    assert (
+        'MY_VAR:"x"' in env_override
+        and 'VERL_USE_EXTERNAL_MODULES:"tracerl_verl.verl_ext"' in env_override
+    )
     assert verl_env(cfg)["MY_VAR"] == "x"
     cmd = verl_command(cfg, PATHS)
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
@@ -102,15 +115,30 @@ def test_payload_rows_carry_the_payload_and_route_to_our_loop() -> None:
 def test_dry_run_prints_the_exact_command_and_writes_its_inputs(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "core.train", "backend=verl", "backend.dry_run=true", f"run_dir={run_dir}",
-         "task.generator_kwargs.rows=5"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "core.train",
+            "backend=verl",
+            "backend.dry_run=true",
+            f"run_dir={run_dir}",
+            "task.generator_kwargs.rows=5",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "verl.trainer.main_ppo" in proc.stdout
     assert f"data.train_files={run_dir}/verl/train.parquet" in proc.stdout
     table = pq.read_table(run_dir / "verl" / "train.parquet")
     assert table.num_rows == 5
-    assert {"prompt", "tracerl_payload", "agent_name", "reward_model", "extra_info"} <= set(table.column_names)
+    assert {"prompt", "tracerl_payload", "agent_name", "reward_model", "extra_info"} <= set(
+        table.column_names
+    )
     assert (run_dir / "verl" / "model" / "config.json").exists()
-    assert "tracerl_verl.agent_loop.TracerlAgentLoop" in (run_dir / "verl" / "agent_loops.yaml").read_text()
+    assert (
+        "tracerl_verl.agent_loop.TracerlAgentLoop"
+        in (run_dir / "verl" / "agent_loops.yaml").read_text()
+    )

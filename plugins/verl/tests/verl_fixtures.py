@@ -43,15 +43,27 @@ class FakeLLMServerClient:
             ids.append(self.tokenizer.eos_token_id)
         return ids
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any) -> Any:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any
+    ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
-        self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
+        self.calls.append(
+            {
+                "request_id": request_id,
+                "prompt_ids": list(prompt_ids),
+                "sampling_params": dict(sampling_params),
+            }
+        )
         ids = self.reply_ids()[: int(sampling_params["max_tokens"])]
         extra: dict[str, Any] = {}
         if self.global_steps is not None:
             # what verl's client adds on top of the server's global_steps
-            extra = {"global_steps": self.global_steps, "min_global_steps": self.global_steps, "max_global_steps": self.global_steps}
+            extra = {
+                "global_steps": self.global_steps,
+                "min_global_steps": self.global_steps,
+                "max_global_steps": self.global_steps,
+            }
         await asyncio.sleep(0)
         return TokenOutput(
             token_ids=ids,
@@ -67,10 +79,14 @@ def expected_logprobs(n: int) -> list[float]:
 
 
 def close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(math.isclose(x, y, abs_tol=1e-6) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        math.isclose(x, y, abs_tol=1e-6) for x, y in zip(a, b, strict=True)
+    )
 
 
-def verl_config(*, prompt_length: int = 256, response_length: int = 128, rollout_name: str = "vllm") -> Any:
+def verl_config(
+    *, prompt_length: int = 256, response_length: int = 128, rollout_name: str = "vllm"
+) -> Any:
     """The slice of verl's trainer config an agent loop reads."""
     return OmegaConf.create(
         {
@@ -106,7 +122,9 @@ def tiny_tokenizer() -> Any:
 
 
 @pytest.fixture(scope="module")
-def host_loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[asyncio.AbstractEventLoop, Path]]:
+def host_loop(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[asyncio.AbstractEventLoop, Path]]:
     """One event loop per module (the worker's persistent actor loop) and a tracerl config file.
 
     The agent loop's ``WorkerHost`` (gateway server + local runtime) is a process
@@ -139,9 +157,8 @@ def host_loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[asynci
 
 def make_loop(tokenizer: Any, client: Any, config_path: Path, **verl_kw: Any) -> Any:
     """A ``TracerlAgentLoop`` built with the arguments verl's AgentLoopWorker passes."""
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-
     from tracerl_verl.agent_loop import TracerlAgentLoop
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
     config = verl_config(**verl_kw)
     return TracerlAgentLoop(

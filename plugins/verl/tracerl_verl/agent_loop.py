@@ -71,7 +71,9 @@ class WorkerHost:
     _instance: WorkerHost | None = None
     _lock: asyncio.Lock | None = None
 
-    def __init__(self, cfg: Any, sampler: VerlSampler, gateway: Any, server: Any, runtime: Any, runner: Any) -> None:
+    def __init__(
+        self, cfg: Any, sampler: VerlSampler, gateway: Any, server: Any, runtime: Any, runner: Any
+    ) -> None:
         self.cfg = cfg
         self.sampler = sampler
         self.gateway = gateway
@@ -113,7 +115,9 @@ class WorkerHost:
             stop_ids=frozenset([eos] if eos is not None else []),
         )
         model_id = str(cfg.backend.model)
-        gateway = Gateway(tokenizer=loop.tokenizer, sampler=sampler, config=gw_cfg, model_id=model_id)
+        gateway = Gateway(
+            tokenizer=loop.tokenizer, sampler=sampler, config=gw_cfg, model_id=model_id
+        )
         public = gw_cfg.public_host
         if not public and gw_cfg.host in ("0.0.0.0", "::"):
             import ray
@@ -158,7 +162,9 @@ def payload_of(kwargs: dict[str, Any]) -> dict[str, Any]:
         )
     value = json.loads(raw) if isinstance(raw, str) else raw
     if not isinstance(value, dict):
-        raise RolloutFailed(f"tracerl_payload must be a JSON object, got {type(value).__name__}", status="rejected")
+        raise RolloutFailed(
+            f"tracerl_payload must be a JSON object, got {type(value).__name__}", status="rejected"
+        )
     return value
 
 
@@ -171,7 +177,14 @@ class TracerlAgentLoop(AgentLoopBase):
             the YAML entry and future keywords are accepted and ignored.
     """
 
-    def __init__(self, *args: Any, tracerl_config: str, name: str | None = None, tools: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        tracerl_config: str,
+        name: str | None = None,
+        tools: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tracerl_config = tracerl_config
 
@@ -199,7 +212,14 @@ class TracerlAgentLoop(AgentLoopBase):
         result = outcome.result
         rollout = self.rollout_config
         rows = order_rows(
-            [split_row(r, prompt_length=int(rollout.prompt_length), response_length=int(rollout.response_length)) for r in outcome.rows]
+            [
+                split_row(
+                    r,
+                    prompt_length=int(rollout.prompt_length),
+                    response_length=int(rollout.response_length),
+                )
+                for r in outcome.rows
+            ]
         )
         exclude = bool(cfg.algorithm.get("exclude_failed", True))
         if result.status is not RolloutStatus.OK or not rows:
@@ -213,7 +233,11 @@ class TracerlAgentLoop(AgentLoopBase):
             if exclude or not rows:
                 raise RolloutFailed(why, status=result.status.value)
             logger.warning("%s; scored 0.0 (algorithm.exclude_failed=false)", why)
-        reward = float(result.reward) if result.status is RolloutStatus.OK and result.reward is not None else 0.0
+        reward = (
+            float(result.reward)
+            if result.status is RolloutStatus.OK and result.reward is not None
+            else 0.0
+        )
         lo = steps.min_global_steps if steps else global_steps
         hi = steps.max_global_steps if steps else global_steps
         return to_agent_loop_outputs(

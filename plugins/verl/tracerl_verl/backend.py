@@ -114,11 +114,15 @@ class VerlBackend:
             return 0
         full_env = {**os.environ, **env}
         # Ray's workers inherit PYTHONPATH; keep the current import path (editable checkouts).
-        full_env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), full_env.get("PYTHONPATH", "")] if p)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [os.getcwd(), full_env.get("PYTHONPATH", "")] if p
+        )
         try:
             return subprocess.run(cmd, env=full_env, check=False).returncode
         except FileNotFoundError as exc:
-            raise ConfigError(f"cannot start verl with {cmd[0]!r}: {exc}; set backend.python") from exc
+            raise ConfigError(
+                f"cannot start verl with {cmd[0]!r}: {exc}; set backend.python"
+            ) from exc
         except KeyboardInterrupt:
             print("verl interrupted", file=sys.stderr)
             return 130

@@ -23,14 +23,18 @@ PROMPT_PREVIEW_CHARS = 200
 renders its own prompt through the gateway)."""
 
 
-def verl_rows(payloads: Sequence[dict[str, Any]], *, agent_name: str, data_source: str = "tracerl") -> list[dict[str, Any]]:
+def verl_rows(
+    payloads: Sequence[dict[str, Any]], *, agent_name: str, data_source: str = "tracerl"
+) -> list[dict[str, Any]]:
     """One verl dataset row per payload (see the module docstring)."""
     rows = []
     for i, payload in enumerate(payloads):
         try:
             text = json.dumps(payload, sort_keys=True)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"payload {i} is not JSON-serialisable ({exc}); payloads must be plain JSON") from exc
+            raise ConfigError(
+                f"payload {i} is not JSON-serialisable ({exc}); payloads must be plain JSON"
+            ) from exc
         rows.append(
             {
                 "prompt": [{"role": "user", "content": text[:PROMPT_PREVIEW_CHARS]}],
@@ -44,7 +48,9 @@ def verl_rows(payloads: Sequence[dict[str, Any]], *, agent_name: str, data_sourc
     return rows
 
 
-def write_verl_dataset(payloads: Sequence[dict[str, Any]], path: str | Path, *, agent_name: str) -> Path:
+def write_verl_dataset(
+    payloads: Sequence[dict[str, Any]], path: str | Path, *, agent_name: str
+) -> Path:
     """Write ``payloads`` as verl Parquet at ``path``; returns the path."""
     import pyarrow as pa
     import pyarrow.parquet as pq

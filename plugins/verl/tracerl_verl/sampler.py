@@ -45,7 +45,9 @@ class SessionSteps:
         self.max_global_steps = max(self.max_global_steps, step)
 
 
-def verl_sampling_params(params: SamplingParams, rollout_name: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def verl_sampling_params(
+    params: SamplingParams, rollout_name: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``sampling_params`` dict verl's rollout servers accept for ``params``.
 
     vLLM's server feeds unknown keys into ``vllm.SamplingParams(**...)`` and SGLang's
@@ -75,7 +77,10 @@ def verl_sampling_params(params: SamplingParams, rollout_name: str, extra: dict[
 
 
 def infer_finish_reason(
-    stop_reason: str | None, token_ids: Sequence[int], params: SamplingParams, stop_ids: frozenset[int]
+    stop_reason: str | None,
+    token_ids: Sequence[int],
+    params: SamplingParams,
+    stop_ids: frozenset[int],
 ) -> FinishReason:
     """Our finish reason for a ``TokenOutput.stop_reason``.
 
@@ -91,7 +96,9 @@ def infer_finish_reason(
         return FinishReason.LENGTH
     if stop_reason == "stop":
         return FinishReason.STOP
-    ends_on_stop = bool(token_ids) and (token_ids[-1] in stop_ids or token_ids[-1] in params.stop_token_ids)
+    ends_on_stop = bool(token_ids) and (
+        token_ids[-1] in stop_ids or token_ids[-1] in params.stop_token_ids
+    )
     if len(token_ids) >= params.max_tokens and not ends_on_stop:
         return FinishReason.LENGTH
     return FinishReason.STOP

@@ -23,7 +23,11 @@ and the CPU shims when ``TRACERL_VERL_CPU=1``."""
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "grpo_passk", "opo", "gpg")
 """``algorithm.name`` values passed to verl as ``algorithm.adv_estimator`` (group-based ones)."""
 
-TRAINER_MODES = {"sync": "tracerl_sync", "colocate_async": "colocate_async", "separate_async": "separate_async"}
+TRAINER_MODES = {
+    "sync": "tracerl_sync",
+    "colocate_async": "colocate_async",
+    "separate_async": "separate_async",
+}
 """``backend.trainer_mode`` -> verl ``trainer.v1.trainer_mode``. Sync uses ours (one optimizer
 step per batch whatever the rows per rollout); the async modes are verl's own."""
 
@@ -50,7 +54,9 @@ def _env_dict_override(env: dict[str, str]) -> str:
     items = []
     for key, value in sorted(env.items()):
         if '"' in value or "\\" in value:
-            raise ConfigError(f"backend.env[{key!r}]={value!r}: values may not contain quotes or backslashes")
+            raise ConfigError(
+                f"backend.env[{key!r}]={value!r}: values may not contain quotes or backslashes"
+            )
         items.append(f'{key}:"{value}"')
     return "+ray_kwargs.ray_init.runtime_env.env_vars={" + ",".join(items) + "}"
 
@@ -78,7 +84,9 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
     if str(b.device) not in ("cuda", "cpu"):
         raise ConfigError(f"backend.device={b.device!r}; use cuda, or cpu (test-only shims)")
     if str(b.trainer_mode) not in TRAINER_MODES:
-        raise ConfigError(f"backend.trainer_mode={b.trainer_mode!r}; choose one of {sorted(TRAINER_MODES)}")
+        raise ConfigError(
+            f"backend.trainer_mode={b.trainer_mode!r}; choose one of {sorted(TRAINER_MODES)}"
+        )
     if str(a.name) not in ADV_ESTIMATORS:
         raise ConfigError(
             f"algorithm.name={a.name!r} has no verl advantage estimator here; use one of {ADV_ESTIMATORS} "
@@ -90,7 +98,9 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
             "algorithm.loss=ppo, or choose verl's loss with backend.overrides=[actor_rollout_ref.actor.policy_loss.loss_mode=...]"
         )
     if int(t.batch_size) < 1 or int(t.group_size) < 1 or int(t.max_steps) < 1:
-        raise ConfigError("trainer.batch_size, trainer.group_size and trainer.max_steps must be >= 1")
+        raise ConfigError(
+            "trainer.batch_size, trainer.group_size and trainer.max_steps must be >= 1"
+        )
     clip = dict(a.loss_config or {})
     eval_t = float(a.eval_temperature)
     actor = "actor_rollout_ref.actor"

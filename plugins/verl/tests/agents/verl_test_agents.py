@@ -27,7 +27,9 @@ SYSTEM = "Say a."
 
 
 def _client(config: dict[str, Any]) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=config["base_url"], api_key=config["api_key"], max_retries=0, timeout=60.0)
+    return AsyncOpenAI(
+        base_url=config["base_url"], api_key=config["api_key"], max_retries=0, timeout=60.0
+    )
 
 
 async def _ask(client: AsyncOpenAI, model: str, messages: list[dict[str, Any]]) -> str:
@@ -55,7 +57,10 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         first = await _ask(client, model, messages)
         if mode == "crash":
             raise RuntimeError("agent crashed on purpose")
-        messages += [{"role": "assistant", "content": first}, {"role": "user", "content": "tool: 7"}]
+        messages += [
+            {"role": "assistant", "content": first},
+            {"role": "user", "content": "tool: 7"},
+        ]
         second = await _ask(client, model, messages)
         if mode == "fork":
             await _ask(client, model, [messages[0], {"role": "user", "content": "again"}])

@@ -34,7 +34,9 @@ def _adapter_class() -> type:
     class LocalRolloutAdapter(BaseRollout):  # type: ignore[misc]
         """Pushes the trainer's weights to the CPU server on every sync."""
 
-        def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(
+            self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any
+        ) -> None:
             super().__init__(config, model_config, device_mesh)
             self.replica_rank = 0
 
@@ -44,7 +46,9 @@ def _adapter_class() -> type:
         async def release(self) -> None:
             return None
 
-        async def update_weights(self, weights: Any, *args: Any, global_steps: int | None = None, **kwargs: Any) -> None:
+        async def update_weights(
+            self, weights: Any, *args: Any, global_steps: int | None = None, **kwargs: Any
+        ) -> None:
             state = {name: tensor.detach().to("cpu").clone() for name, tensor in weights}
             if torch.distributed.get_rank() != 0 or os.environ.get(NO_SYNC_ENV) == "1":
                 return
@@ -63,14 +67,16 @@ def register() -> None:
     from verl.workers.rollout import base as rollout_base
 
     LocalRolloutAdapter = _adapter_class()
-    rollout_base._ROLLOUT_REGISTRY[("tracerl_cpu", "async")] = "tracerl_verl.cpu.hybrid.LocalRolloutAdapter"
+    rollout_base._ROLLOUT_REGISTRY[("tracerl_cpu", "async")] = (
+        "tracerl_verl.cpu.hybrid.LocalRolloutAdapter"
+    )
 
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
     try:
-        EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
-            FSDPEngineWithLMHead
-        )
+        EngineRegistry.register(
+            model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu"
+        )(FSDPEngineWithLMHead)
     except AssertionError:
         pass  # already registered in this process
 

@@ -18,7 +18,13 @@ from typing import Any
 import torch
 
 _ZERO_STATS = ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved")
-_NOOPS = ("empty_cache", "ipc_collect", "set_per_process_memory_fraction", "reset_peak_memory_stats", "set_device")
+_NOOPS = (
+    "empty_cache",
+    "ipc_collect",
+    "set_per_process_memory_fraction",
+    "reset_peak_memory_stats",
+    "set_device",
+)
 
 
 class _CPUDevice(types.ModuleType):

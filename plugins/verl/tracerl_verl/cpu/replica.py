@@ -22,17 +22,23 @@ SERVER_NAME = "tracerl_cpu_server_{rank}"
 class LocalSamplerServer:
     """The policy served on CPU by ``tracerl_local.sampler.LocalSampler``."""
 
-    def __init__(self, model_path: str, max_positions: int, response_length: int, seed: int = 0) -> None:
+    def __init__(
+        self, model_path: str, max_positions: int, response_length: int, seed: int = 0
+    ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from tracerl_local.sampler import LocalSampler
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(1)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.sampler = LocalSampler(
-            self.model, tokenizer, max_positions=max_positions, max_batch_size=64, batch_wait_ms=2.0, seed=seed
+            self.model,
+            tokenizer,
+            max_positions=max_positions,
+            max_batch_size=64,
+            batch_wait_ms=2.0,
+            seed=seed,
         )
         self.response_length = response_length
         self.global_steps = 0
@@ -53,7 +59,9 @@ class LocalSamplerServer:
         from core.types import SamplingParams
 
         params = dict(sampling_params)
-        max_tokens = int(params.pop("max_tokens", 0) or params.pop("max_new_tokens", 0) or self.response_length)
+        max_tokens = int(
+            params.pop("max_tokens", 0) or params.pop("max_new_tokens", 0) or self.response_length
+        )
         request = SamplingParams(
             max_tokens=max_tokens,
             temperature=float(params.get("temperature", 1.0)),
@@ -76,13 +84,19 @@ class LocalSamplerServer:
         """Serve new weights from the next batch on (called by the trainer-side adapter)."""
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:
-            raise RuntimeError(f"weight sync mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
+            raise RuntimeError(
+                f"weight sync mismatch: missing={missing[:5]} unexpected={unexpected[:5]}"
+            )
         self.sampler.publish(self.model, int(global_steps))
         self.global_steps = int(global_steps)
         self.weight_loads += 1
 
     def stats(self) -> dict[str, int]:
-        return {"calls": self.calls, "weight_loads": self.weight_loads, "global_steps": self.global_steps}
+        return {
+            "calls": self.calls,
+            "weight_loads": self.weight_loads,
+            "global_steps": self.global_steps,
+        }
 
     # control methods verl's replica manager calls; there is no KV cache to manage
     async def wake_up(self) -> None:
@@ -119,12 +133,16 @@ def register() -> None:
                 ray.remote(num_cpus=0)(LocalSamplerServer)
                 .options(name=SERVER_NAME.format(rank=self.replica_rank), max_concurrency=256)
                 .remote(
-                    self.model_config.local_path if getattr(self.model_config, "local_path", None) else self.model_config.path,
+                    self.model_config.local_path
+                    if getattr(self.model_config, "local_path", None)
+                    else self.model_config.path,
                     int(cfg.prompt_length) + int(cfg.response_length),
                     int(cfg.response_length),
                 )
             )
-            await asyncio.wrap_future(actor.stats.remote().future())  # fail here if the model cannot load
+            await asyncio.wrap_future(
+                actor.stats.remote().future()
+            )  # fail here if the model cannot load
             self.servers = [actor]
             self._server_handle = actor
             # no HTTP endpoint: verl's LLMServerClient talks to the actor over Ray
