@@ -8,6 +8,6 @@ Defines (re-exported):
 
 from __future__ import annotations
 
-from core.samplers.scripted import ScriptedSampler, SamplerCall, encode_reply
+from core.samplers.scripted import SamplerCall, ScriptedSampler, encode_reply
 
 __all__ = ["SamplerCall", "ScriptedSampler", "encode_reply"]

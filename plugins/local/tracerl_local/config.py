@@ -76,8 +76,10 @@ class LocalBackendConfig:
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``."""
     dtype: str = "auto"
     """``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``."""
-    num_threads: int = 2
-    """torch CPU threads (process-wide: ``torch.set_num_threads``)."""
+    num_threads: int = 1
+    """torch CPU threads (process-wide: ``torch.set_num_threads``). 1 by default: the
+    agents and the gateway share the cores, and oversubscribed OpenMP threads spin
+    (see docs/backends/local.md); raise it when the backend has cores to itself."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the ``tiny`` preset."""
     lora: LoraConfig = field(default_factory=LoraConfig)
