@@ -37,6 +37,8 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     command = "bash scripts/setup.sh test && python -m pytest"
     assert command in readme
     assert "bash scripts/setup.sh test\npython -m pytest" in ci
+    verl = "bash plugins/verl/scripts/run_tests.sh -q"
+    assert verl in readme and verl in ci
 
 
 def test_readme_main_command() -> None:
