@@ -1,0 +1,158 @@
+"""``python -m core.train backend=slime``: the dry-run command and the missing-slime exit.
+
+The example is read from docs/backends/slime.md (between the
+``slime-dry-run-example`` markers), so the documented command is the tested one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import compose_tracerl
+from tracerl_slime.translate import LaunchPaths, slime_train_args
+
+from core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+DOC = ROOT / "docs" / "backends" / "slime.md"
+
+pytestmark = [pytest.mark.integration]
+
+
+def _doc_example() -> list[str]:
+    text = DOC.read_text()
+    block = re.search(r"<!-- slime-dry-run-example -->\s*```bash\n(.*?)```", text, re.S)
+    assert block, "docs/backends/slime.md lost its dry-run example"
+    argv = shlex.split(block.group(1).replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "core.train"]
+    return argv[3:]
+
+
+def _train(argv: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SLIME_DIR", "MEGATRON_DIR")}
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "core.train", *argv],
+        cwd=tmp_path,
+        env={**full_env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _flags(printed: str) -> dict[str, list[str]]:
+    """``--flag value...`` lines of the printed command."""
+    out: dict[str, list[str]] = {}
+    for line in printed.splitlines():
+        parts = shlex.split(line.rstrip(" \\").strip()) if line.strip().startswith("--") else []
+        if parts:
+            out.setdefault(parts[0], []).extend(parts[1:])
+    return out
+
+
+def test_documented_example_dry_run(tmp_path: Path) -> None:
+    argv = [
+        a if not a.startswith("run_dir=") else f"run_dir={tmp_path / 'run'}" for a in _doc_example()
+    ]
+    proc = _train(argv, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.startswith("slime command:\nray job submit")
+    assert "-- python3 /root/slime/train.py" in out
+    flags = _flags(out)
+    work = tmp_path / "run" / "slime"
+    assert flags["--address=http://127.0.0.1:8265"] == []
+    assert flags["--custom-generate-function-path"] == ["tracerl_slime.generate.generate"]
+    assert flags["--custom-reward-post-process-path"] == [
+        "tracerl_slime.rewards.post_process_rewards"
+    ]
+    assert flags["--custom-config-path"] == [str(work / "tracerl_custom.yaml")]
+    assert flags["--prompt-data"] == [str(work / "train.jsonl")]
+    assert flags["--hf-checkpoint"] == ["/root/Qwen3-4B"]
+    assert flags["--ref-load"] == ["/root/Qwen3-4B_torch_dist"]
+    assert flags["--rollout-batch-size"] == ["32"] and flags["--n-samples-per-prompt"] == ["8"]
+    assert flags["--num-rollout"] == ["200"] and flags["--save-interval"] == ["20"]
+    assert flags["--rollout-max-context-len"] == ["16384"]
+    assert flags["--router-policy"] == ["consistent_hashing"]
+    assert flags["--lr"] == ["1e-06"]
+    assert flags["--norm-epsilon"] == ["1e-6"]
+    assert flags["--num-layers"] == ["36"] and "--qk-layernorm" in flags
+    assert flags["--sglang-context-length"] == ["32768"]
+    assert flags["--max-tokens-per-gpu"] == ["9216"] and "--use-dynamic-batch-size" in flags
+    assert "--colocate" in flags and "--use-tis" in flags
+    # pass-through flags come last, so they win in slime's argparse
+    assert out.rstrip().endswith("--recompute-num-layers 1")
+    env_line = next(line for line in out.splitlines() if "--runtime-env-json" in line)
+    assert '"PYTHONPATH": "/root/Megatron-LM"' in env_line
+    # what slime's rollout processes will read from --custom-config-path
+    custom = yaml.safe_load((work / "tracerl_custom.yaml").read_text())
+    assert list(custom) == ["tracerl"]
+    assert custom["tracerl"]["backend"]["name"] == "slime"
+    assert custom["tracerl"]["gateway"]["host"] == "0.0.0.0"
+    assert custom["tracerl"]["algorithm"]["max_tokens"] == 2048
+    # prompt data: one line per payload, the payload in metadata
+    first = yaml.safe_load((work / "train.jsonl").read_text().splitlines()[0])
+    assert set(first) == {"prompt", "label", "metadata"} and "tracerl_payload" in first["metadata"]
+
+
+def test_without_slime_a_real_launch_says_how_to_install(tmp_path: Path) -> None:
+    proc = _train(["backend=slime", f"run_dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 2
+    assert "the `slime` package (THUDM/slime) is not importable" in proc.stderr
+    assert "git clone https://github.com/THUDM/slime.git" in proc.stderr
+    assert "not on PyPI" in proc.stderr
+    assert not (tmp_path / "run" / "slime").exists(), (
+        "nothing is prepared for a launch that cannot start"
+    )
+
+
+def _paths(tmp_path: Path) -> LaunchPaths:
+    return LaunchPaths(str(tmp_path), "t.jsonl", "", "c.yaml", "ckpt")
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("algorithm.name=dapo", "advantage estimator"),
+        ("algorithm.loss=cross_entropy", "algorithm.loss"),
+        ("algorithm.temperature=0.0", "temperature > 0"),
+    ],
+)
+def test_untranslatable_settings_name_the_fix(tmp_path: Path, override: str, match: str) -> None:
+    cfg: Any = compose_tracerl(["backend=slime", "backend.dry_run=true", override])
+    with pytest.raises(ConfigError, match=match):
+        slime_train_args(cfg, _paths(tmp_path))
+
+
+def test_real_launch_needs_ref_load(tmp_path: Path) -> None:
+    cfg: Any = compose_tracerl(["backend=slime"])
+    with pytest.raises(ConfigError, match="convert_hf_to_torch_dist"):
+        slime_train_args(cfg, _paths(tmp_path))
+
+
+def test_loggers_resume_and_separate_rollout_gpus(tmp_path: Path) -> None:
+    cfg: Any = compose_tracerl(
+        [
+            "backend=slime",
+            "backend.dry_run=true",
+            "backend.colocate=false",
+            "backend.rollout_num_gpus=4",
+            "trainer.resume=true",
+            "trainer.loggers=[console,wandb]",
+            "algorithm.normalize_std=false",
+        ]
+    )
+    args = slime_train_args(cfg, _paths(tmp_path))
+    assert "--colocate" not in args
+    assert args[args.index("--rollout-num-gpus") + 1] == "4"
+    assert args[args.index("--load") + 1] == "ckpt"
+    assert "--use-wandb" in args and "--disable-grpo-std-normalization" in args
