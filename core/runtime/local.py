@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from core.errors import ConfigError, RuntimeStartError
-from core.http import ShardedClient
+from core.http import FastClient
 from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
 from core.runtime._process import AgentProcess
 from core.runtime._results import failed, result_from_output
@@ -96,7 +96,7 @@ class LocalRuntime:
         self._root: Path | None = None
         self._own_root = False
         self._procs: list[AgentProcess] = []
-        self._client: ShardedClient | None = None
+        self._client: FastClient | None = None
         self._channel: HttpChannel | S3Channel | None = None
         self._sem = asyncio.Semaphore(c.max_concurrency)
         self._tasks: dict[str, asyncio.Task[Any]] = {}
@@ -151,9 +151,7 @@ class LocalRuntime:
         else:
             self._root = Path(tempfile.mkdtemp(prefix="tracerl-local-"))
             self._own_root = True
-        self._client = ShardedClient(
-            max_connections=c.max_concurrency + 8 * c.num_processes, timeout=30.0, trust_env=False
-        )
+        self._client = FastClient(max_connections=c.max_concurrency + 8 * c.num_processes)
         if c.result_channel == "s3":
             self._channel = S3Channel(
                 self._client,

@@ -6,9 +6,9 @@ prompt, and a 137k-parameter model learns it from scratch in under a minute
 on 2 CPU cores with the reward below.
 
 The agent is ordinary production-style code: it calls the OpenAI-compatible
-endpoint it is given (plain httpx behind ``core.http.ShardedClient``, one per
-process, to keep the toy agent cheap with hundreds of sessions in flight; the
-examples/ agents use the official SDKs) and returns a reward.
+endpoint it is given (one ``core.http.FastClient`` per process, to keep the
+toy agent cheap with hundreds of sessions in flight; the examples/ agents use
+the official SDKs) and returns a reward.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.agent import AgentApp
-from core.http import ShardedClient
+from core.http import FastClient
 
 SYSTEM = "Say the next digit."
 
@@ -55,13 +55,13 @@ def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: in
 
 
 app = AgentApp()
-_client: ShardedClient | None = None
+_client: FastClient | None = None
 
 
-def _http() -> ShardedClient:
+def _http() -> FastClient:
     global _client
     if _client is None:
-        _client = ShardedClient(max_connections=512, timeout=60.0, trust_env=False)
+        _client = FastClient(max_connections=512, timeout=60.0)
     return _client
 
 
@@ -81,7 +81,8 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         json=body,
         headers={"Authorization": f"Bearer {config['api_key']}"},
     )
-    response.raise_for_status()
+    if response.status_code != 200:
+        raise RuntimeError(f"gateway answered HTTP {response.status_code}: {response.text[:500]}")
     reply = response.json()["choices"][0]["message"]["content"] or ""
     return {
         "reward": charwise_reward(reply, str(payload["answer"])),
