@@ -1,0 +1,392 @@
+"""What the vLLM and SGLang samplers share: config, connection pool, retries, cancel, errors.
+
+Defines:
+
+- ``HttpSamplerConfig``: servers, endpoint, timeouts, retries, health checks, pool size.
+- ``HttpSampler``: the base of ``VLLMSampler`` and ``SGLangSampler``. A subclass
+  says how to build a request body and parse a response; this class sends it.
+- ``affinity_key``: the routing key sent for a session (a hash, never the id).
+- ``build_http_sampler``: config in, sampler out (``kind`` picks the class).
+
+Rules the base enforces:
+
+- **Retries on connection errors only.** A refused or reset connection, or a
+  kept-alive connection the server closed, is retried (on another server when
+  there is one, with exponential backoff once all were tried). An HTTP answer,
+  even a 500, is never retried: the server saw the request, and generating
+  twice would silently change what the trace records. A hang ends at
+  ``request_timeout_s`` with a ``SamplerError``, not a retry.
+- **The session id never leaves the gateway.** It is the agent's credential,
+  so routers get ``affinity_key(session_id)``, a stable hash of it.
+- **Cancelling the awaiting task cancels the generation.** httpx closes the
+  connection of a cancelled request (what vLLM watches for); subclasses add
+  an explicit abort call where the engine has one (SGLang ``/abort_request``).
+- **The prompt is encoded before the first await** and never kept: the gateway
+  appends to that buffer after ``sample`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import httpx
+
+from core.errors import ConfigError, SamplerError
+from core.http import ShardedClient
+from core.samplers.http_pool import ServerPool, ServerState
+from core.types import FinishReason, SampleResult, SamplingParams
+
+__all__ = ["HttpSampler", "HttpSamplerConfig", "affinity_key", "build_http_sampler"]
+
+log = logging.getLogger(__name__)
+
+SAMPLER_KINDS = ("vllm", "sglang")
+VLLM_ENDPOINTS = ("generate", "completions")
+
+# Connection-level failures: the request was not (or not fully) answered, so it is
+# safe to send again. Timeouts are not here: a hang must surface, not repeat.
+_RETRYABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+@dataclass
+class HttpSamplerConfig:
+    """Where the inference servers are and how to talk to them."""
+
+    kind: str = "vllm"
+    """``vllm`` or ``sglang``: which protocol the servers speak."""
+    urls: list[str] = field(default_factory=list)
+    """Server (or router) base URLs, e.g. ``["http://10.0.0.5:8000"]``; sessions stick to one."""
+    vllm_endpoint: str = "generate"
+    """vLLM only: ``generate`` (``POST /inference/v1/generate``, token ids in and out) or
+    ``completions`` (``POST /v1/completions`` with a token-id prompt and ``return_token_ids``,
+    for vLLM builds or routers without the first)."""
+    model: str = ""
+    """Model name sent to vLLM (``model`` field); empty lets the server use its only model."""
+    api_key: str = ""
+    """Sent as ``Authorization: Bearer`` when set (vLLM ``--api-key``, SGLang ``--api-key``)."""
+    connect_timeout_s: float = 5.0
+    """Limit for opening a connection."""
+    request_timeout_s: float = 600.0
+    """Limit for one generation (the server sends nothing until it is done)."""
+    connect_retries: int = 3
+    """Extra attempts after a connection error (never after an HTTP answer)."""
+    retry_backoff_s: float = 0.25
+    """First backoff once every server was tried; doubles per attempt."""
+    health_path: str = "/health"
+    """Path probed on each server by the background health checks."""
+    health_interval_s: float = 5.0
+    """Seconds between health-check rounds; 0 disables the checks."""
+    health_timeout_s: float = 2.0
+    """Limit for one health check."""
+    unhealthy_after: int = 2
+    """Consecutive failed checks that take a server out of rotation."""
+    healthy_after: int = 1
+    """Consecutive passed checks that put it back."""
+    max_connections: int = 256
+    """Connections across all shards of the HTTP pool (about the concurrent requests)."""
+    connections_per_shard: int = 8
+    """Connections per httpx pool shard (see ``core.http.ShardedClient`` for why shards)."""
+    affinity_header: bool = True
+    """Send the session's routing header (vLLM ``x-session-id``, SGLang ``X-SMG-Routing-Key``)."""
+    return_routed_experts: bool = False
+    """Ask SGLang for routed experts (R3; needs ``--enable-return-routed-experts``). vLLM
+    returns them whenever the server was started to; either way they reach the trace."""
+    extra_sampling_params: dict[str, Any] = field(default_factory=dict)
+    """Merged into the request's sampling params (e.g. ``repetition_penalty``)."""
+    abort_timeout_s: float = 2.0
+    """Limit for the abort call sent when a request is cancelled (SGLang)."""
+    weight_version: int = 0
+    """Weight version reported when the server does not say (vLLM never does);
+    the trainer sets ``sampler.weight_version`` after each sync."""
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the bad field and the fix."""
+        if self.kind not in SAMPLER_KINDS:
+            raise ConfigError(
+                f"sampler.kind={self.kind!r} is not supported; use one of {SAMPLER_KINDS}"
+            )
+        if not self.urls:
+            raise ConfigError(
+                f"sampler.urls is empty; give the {self.kind} server URLs, e.g. "
+                "sampler.urls='[http://127.0.0.1:8000]'"
+            )
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"sampler.urls entry {url!r} must start with http:// or https://")
+        if self.vllm_endpoint not in VLLM_ENDPOINTS:
+            raise ConfigError(
+                f"sampler.vllm_endpoint={self.vllm_endpoint!r} is not supported; use one of {VLLM_ENDPOINTS}"
+            )
+        for name in (
+            "connect_timeout_s",
+            "request_timeout_s",
+            "health_timeout_s",
+            "abort_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"sampler.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("connect_retries", "health_interval_s", "retry_backoff_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"sampler.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in (
+            "unhealthy_after",
+            "healthy_after",
+            "max_connections",
+            "connections_per_shard",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"sampler.{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+def affinity_key(session_id: str) -> str:
+    """Stable routing key for a session: a hash, so the id (a credential) stays private."""
+    return hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
+
+
+def finish_reason_of(value: object) -> FinishReason | None:
+    """Map an engine's finish reason string to ours (None when unknown)."""
+    try:
+        return FinishReason(str(value))
+    except ValueError:
+        return None
+
+
+class HttpSampler:
+    """``core.interfaces.Sampler`` over HTTP; subclasses supply the protocol.
+
+    Subclasses set ``protocol`` and ``affinity_header_name`` and implement
+    ``_request`` and ``_parse``; they may override ``_on_cancel``.
+    """
+
+    protocol: ClassVar[str] = "HTTP"
+    """Engine name used in error messages."""
+    affinity_header_name: ClassVar[str] = ""
+    """Header carrying ``affinity_key(session_id)``."""
+
+    def __init__(self, config: HttpSamplerConfig) -> None:
+        """Validate ``config``; connections open lazily in the caller's event loop.
+
+        Raises:
+            ConfigError: a bad field (named in the message).
+        """
+        config.validate()
+        self.config = config
+        self.pool = ServerPool(
+            config.urls,
+            health_path=config.health_path,
+            health_interval_s=config.health_interval_s,
+            health_timeout_s=config.health_timeout_s,
+            unhealthy_after=config.unhealthy_after,
+            healthy_after=config.healthy_after,
+        )
+        self.weight_version = config.weight_version
+        self._client: ShardedClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        base = {"content-type": "application/json"}
+        if config.api_key:
+            base["authorization"] = f"Bearer {config.api_key}"
+        self._base_headers = base
+
+    # -- what subclasses provide --------------------------------------------------------
+
+    def _request(
+        self, prompt: Sequence[int], params: SamplingParams, rid: str
+    ) -> tuple[str, dict[str, Any]]:
+        """(path, JSON body) for one generation."""
+        raise NotImplementedError
+
+    def _parse(self, server: ServerState, data: Any, params: SamplingParams) -> SampleResult:
+        """A ``SampleResult`` from the decoded JSON answer (``SamplerError`` if malformed)."""
+        raise NotImplementedError
+
+    def _on_cancel(self, client: ShardedClient, server: ServerState, rid: str) -> None:
+        """Called when the awaiting task is cancelled (the connection is closed anyway)."""
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _http(self) -> ShardedClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # Clients bind to the loop that first uses them (each asyncio.run has its own).
+            cfg = self.config
+            self._client = ShardedClient(
+                max_connections=cfg.max_connections,
+                per_shard=cfg.connections_per_shard,
+                timeout=httpx.Timeout(
+                    connect=cfg.connect_timeout_s,
+                    read=cfg.request_timeout_s,
+                    write=cfg.request_timeout_s,
+                    pool=cfg.request_timeout_s,
+                ),
+            )
+            self._loop = loop
+        return self._client
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def fail(self, server: ServerState | None, what: str, fix: str) -> SamplerError:
+        """A ``SamplerError`` naming the engine, the server, what went wrong and the fix."""
+        where = f" {server.url}" if server is not None else ""
+        return SamplerError(f"{self.protocol} server{where}: {what}; {fix}")
+
+    async def sample(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, *, session_id: str
+    ) -> SampleResult:
+        """Generate on the session's server; see ``core.interfaces.Sampler``.
+
+        Raises:
+            SamplerError: no server reachable after the retries, an HTTP error
+                answer, a hang past ``request_timeout_s``, or a malformed answer.
+        """
+        if self._closed:
+            raise SamplerError(f"the {self.protocol} sampler is closed; build a new one")
+        if len(prompt_token_ids) == 0:
+            raise SamplerError(
+                f"session {session_id[:10]!r}: the prompt is empty; send at least one token"
+            )
+        rid = "tracerl-" + secrets.token_hex(12)
+        path, body = self._request(prompt_token_ids, params, rid)
+        # Encoded now: the gateway may append to prompt_token_ids once we return.
+        content = json.dumps(body, separators=(",", ":")).encode()
+        del body
+        key = affinity_key(session_id)
+        headers = dict(self._base_headers)
+        if self.config.affinity_header and self.affinity_header_name:
+            headers[self.affinity_header_name] = key
+        resp, server = await self._post(path, content, headers, key, rid)
+        if not 200 <= resp.status_code < 300:
+            raise self._http_error(server, path, resp)
+        try:
+            data = json.loads(resp.content)
+        except ValueError as exc:
+            raise self.fail(
+                server,
+                f"answered POST {path} with malformed JSON ({exc}): {resp.text[:200]!r}",
+                "check that sampler.urls points at the engine (or its router) and not at a proxy page",
+            ) from exc
+        return self._parse(server, data, params)
+
+    async def _post(
+        self, path: str, content: bytes, headers: dict[str, str], key: str, rid: str
+    ) -> tuple[httpx.Response, ServerState]:
+        client = self._http()
+        self.pool.ensure_health_checks(client)
+        cfg = self.config
+        attempts = 1 + cfg.connect_retries
+        tried: set[str] = set()
+        errors: list[str] = []
+        for _ in range(attempts):
+            server = self.pool.pick(key, avoid=tried)
+            if server.url in tried and cfg.retry_backoff_s:
+                # Every server was tried: back off before knocking again.
+                await asyncio.sleep(
+                    cfg.retry_backoff_s * 2 ** (len(errors) - len(self.pool.servers))
+                )
+            tried.add(server.url)
+            server.requests += 1
+            try:
+                resp = await client.post(server.url + path, content=content, headers=headers)
+            except asyncio.CancelledError:
+                self._on_cancel(client, server, rid)
+                raise
+            except _RETRYABLE as exc:
+                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                errors.append(f"{server.url}: {reason}")
+                if isinstance(exc, httpx.ConnectError):  # refused: certainly down
+                    self.pool.mark_down(server, reason)
+                continue
+            except httpx.ConnectTimeout as exc:
+                errors.append(f"{server.url}: connect timed out after {cfg.connect_timeout_s}s")
+                self.pool.mark_down(server, f"ConnectTimeout: {exc}")
+                continue
+            except httpx.TimeoutException as exc:
+                raise self.fail(
+                    server,
+                    f"no answer to POST {path} within sampler.request_timeout_s={cfg.request_timeout_s} "
+                    f"({type(exc).__name__})",
+                    "the server hangs or is overloaded; check its log, or raise sampler.request_timeout_s "
+                    "for very long generations",
+                ) from exc
+            except httpx.HTTPError as exc:
+                raise self.fail(
+                    server,
+                    f"POST {path} failed: {type(exc).__name__}: {exc}",
+                    "check the server URL and its log",
+                ) from exc
+            return resp, server
+        raise SamplerError(
+            f"could not reach any {self.protocol} server after {attempts} attempts "
+            f"({'; '.join(errors[-len(self.pool.servers) - 1 :])}); check the servers are running and "
+            f"sampler.urls={[s.url for s in self.pool.servers]!r} is right"
+        )
+
+    def _http_error(self, server: ServerState, path: str, resp: httpx.Response) -> SamplerError:
+        code = resp.status_code
+        detail = resp.text[:300]
+        if code == 404:
+            fix = self._not_found_fix()
+        elif code in (401, 403):
+            fix = "set sampler.api_key to the server's --api-key"
+        elif code in (400, 422):
+            fix = "the server rejected the request; a prompt longer than its context length is the usual cause"
+        elif code == 429 or code == 503:
+            fix = "the server is overloaded or starting; add servers or lower concurrency"
+        else:
+            fix = "the engine failed on this request (not retried: it may have generated); check its log"
+        return self.fail(server, f"answered POST {path} with HTTP {code}: {detail!r}", fix)
+
+    def _not_found_fix(self) -> str:
+        return "check that sampler.urls points at the engine's root URL (no /v1 suffix)"
+
+    async def check_health(self) -> list[dict[str, object]]:
+        """Run one round of health checks now; returns the pool's snapshot."""
+        await self.pool.check_all(self._http())
+        return self.pool.snapshot()
+
+    async def aclose(self) -> None:
+        """Stop health checks, let abort calls finish (bounded), close connections; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.pool.stop()
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self.config.abort_timeout_s)
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None
+
+
+def build_http_sampler(config: HttpSamplerConfig | dict[str, Any]) -> HttpSampler:
+    """``VLLMSampler`` or ``SGLangSampler`` for ``config.kind``.
+
+    Raises:
+        ConfigError: unknown kind or a bad field.
+    """
+    if isinstance(config, dict):
+        known = set(HttpSamplerConfig.__dataclass_fields__)
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise ConfigError(f"unknown sampler keys {unknown!r}; known keys: {sorted(known)}")
+        config = HttpSamplerConfig(**config)
+    if config.kind == "sglang":
+        from core.samplers.sglang import SGLangSampler
+
+        return SGLangSampler(config)
+    if config.kind == "vllm":
+        from core.samplers.vllm import VLLMSampler
+
+        return VLLMSampler(config)
+    config.validate()  # raises, naming the kinds
+    raise AssertionError("unreachable")
