@@ -14,6 +14,8 @@ import importlib
 import os
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 
@@ -40,6 +42,20 @@ def load_app(spec: str) -> Any:
     return obj
 
 
+def _exit_with_parent(pid: int) -> None:
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # alive, owned by someone else
+                pass
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.agent", description=__doc__)
     parser.add_argument("app", help="the agent app as module:attribute")
@@ -47,7 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--port-file", default="", help="write the bound port here")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=0,
+        help="exit when this process is gone (the local runtime sets it, so a killed "
+        "trainer leaves no agent processes behind)",
+    )
     args = parser.parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
 
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())

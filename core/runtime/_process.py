@@ -98,7 +98,7 @@ class AgentProcess:
         env["TRACERL_AGENT_WORKDIR_ROOT"] = str(self.sessions_dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [self.python, "-m", "core.agent", self.agent, "--host", self.host]
-        cmd += ["--port", "0", "--port-file", str(self.port_file)]
+        cmd += ["--port", "0", "--port-file", str(self.port_file), "--parent-pid", str(os.getpid())]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd,
