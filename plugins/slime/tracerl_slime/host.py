@@ -208,3 +208,6 @@ class WorkerHost:
         if host is not None:
             await host.runtime.aclose()
             await host.server.stop()
+            close = getattr(host.gateway.sampler, "aclose", None)
+            if close is not None:
+                await close()

@@ -9,6 +9,7 @@ payload with the official ``openai`` SDK and returns a reward. ``mode``:
   rewritten history), which the gateway records as a second row.
 - ``crash``: one model call, then raise (a failed rollout).
 - ``no_call``: a reward without any model call (nothing to train on).
+- ``math``: the repository's example math agent (``examples.math_agent``), unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from core.agent import AgentApp
+from core.agent import AgentApp, RequestContext
 
 app = AgentApp()
 
@@ -33,9 +34,13 @@ async def _ask(client: AsyncOpenAI, model: str, messages: list[dict[str, Any]]) 
 
 
 @app.entrypoint
-async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
     cfg = payload["_config"]
     mode = payload.get("mode", "two_turn")
+    if mode == "math":
+        from examples.math_agent.agent import solve as math_solve
+
+        return await math_solve(payload, context)  # type: ignore[no-any-return]
     if mode == "no_call":
         return {"reward": 1.0}
     model = cfg["model_id"]
