@@ -28,10 +28,12 @@ Rules the base enforces:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 import secrets
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -145,6 +147,11 @@ class HttpSamplerConfig:
                 raise ConfigError(f"sampler.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
+
+
 def affinity_key(session_id: str) -> str:
     """Stable routing key for a session: a hash, so the id (a credential) stays private."""
     return hashlib.blake2b(session_id.encode(), digest_size=12).hexdigest()
@@ -221,6 +228,8 @@ class HttpSampler:
             self._client = ShardedClient(
                 max_connections=cfg.max_connections,
                 per_shard=cfg.connections_per_shard,
+                # One TLS context for all shards: building one per client costs ~35 ms each.
+                verify=_tls_context(),
                 timeout=httpx.Timeout(
                     connect=cfg.connect_timeout_s,
                     read=cfg.request_timeout_s,

@@ -133,7 +133,7 @@ class StandIn:
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
             self.started.set()
             if self.mode == "hang":
-                await asyncio.sleep(3600)
+                await asyncio.sleep(5)  # longer than any test waits; ends on its own
             if self.mode == "http500":
                 return JSONResponse(
                     {"error": {"message": "CUDA error: device-side assert"}}, status_code=500
