@@ -49,6 +49,7 @@ class TrainConfig:
 
 
 def _node(name: str, kind: str, config: Any) -> DictConfig:
+    node: DictConfig
     if dataclasses.is_dataclass(config):
         node = OmegaConf.structured(config)
     elif isinstance(config, dict | DictConfig):

@@ -134,7 +134,7 @@ def build_tiny_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token=None,
         eos_token=IM_END,

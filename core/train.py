@@ -20,13 +20,13 @@ _GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime)=(?P<value>[^\s]+)$
 
 def _default_choice(group: str) -> str | None:
     """The default option of ``group`` in the primary config's defaults list."""
-    from omegaconf import OmegaConf
+    import yaml
 
     import core.conf
 
     primary = Path(core.conf.__file__).parent / "train.yaml"
-    for entry in OmegaConf.load(primary).get("defaults", []):
-        if isinstance(entry, dict | type(OmegaConf.create({}))) and group in entry:
+    for entry in yaml.safe_load(primary.read_text()).get("defaults", []):
+        if isinstance(entry, dict) and group in entry:
             return str(entry[group])
     return None
 

@@ -31,7 +31,7 @@ from core.agent._protocol import (
     InvocationOp,
     s3_result_key,
 )
-from core.http import HTTPClient
+from core.http import FastResponse, HTTPClient
 from core.runtime._process import AgentProcess
 from core.types import RolloutStatus
 
@@ -65,7 +65,7 @@ class Invocation:
     """GRPO group (the toolkit's ``input_id``)."""
 
 
-def _check_reply(r: httpx.Response, what: str) -> Any:
+def _check_reply(r: httpx.Response | FastResponse, what: str) -> Any:
     if r.status_code == 400:
         raise AgentFault(RolloutStatus.REJECTED, f"the agent rejected the {what}: {r.text[:2000]}")
     if r.status_code != 200:
@@ -91,7 +91,9 @@ class HttpChannel:
         self.poll_interval_s = poll_interval_s
         self.max_poll_s = max_poll_s
 
-    async def _post(self, inv: Invocation, body: dict[str, Any], timeout: float) -> httpx.Response:
+    async def _post(
+        self, inv: Invocation, body: dict[str, Any], timeout: float
+    ) -> httpx.Response | FastResponse:
         return await self.client.post(
             f"{inv.proc.base_url}/invocations",
             content=json.dumps(body),
