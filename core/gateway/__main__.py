@@ -6,6 +6,7 @@ traces over the admin routes, e.g.::
 
     python -m core.gateway --reply "Hello!"                 # scripted model, tiny tokenizer
     python -m core.gateway --sampler backend:local          # the local backend's model
+    python -m core.gateway --sampler sglang --server-url http://127.0.0.1:30000   # an inference fleet
     curl -XPOST -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions
     curl -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions/$SID/trace
 """
@@ -26,7 +27,13 @@ from core.types import SamplingParams
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m core.gateway", description=__doc__.splitlines()[0])
     p.add_argument("--sampler", default="scripted",
-                   help="'scripted' (answers --reply every turn) or 'backend:<name>' (a driven backend's sampler)")
+                   help="'scripted' (answers --reply every turn), 'backend:<name>' (a driven backend's sampler), "
+                        "or 'vllm' / 'sglang' (inference servers at --server-url)")
+    p.add_argument("--server-url", action="append", default=[],
+                   help="vLLM/SGLang server or router URL (repeat for several; sessions stick to one)")
+    p.add_argument("--vllm-endpoint", default="generate", choices=["generate", "completions"],
+                   help="vLLM API: /inference/v1/generate or /v1/completions with token-id prompts")
+    p.add_argument("--served-model", default="", help="model name sent to vLLM (default: the server's only model)")
     p.add_argument("--reply", default="Hello from the scripted sampler.", help="text the scripted sampler answers")
     p.add_argument("--tokenizer", default="tiny", help="'tiny' (offline) or a Hugging Face name/path")
     p.add_argument("--host", default="127.0.0.1")
@@ -66,8 +73,21 @@ async def _serve(args: argparse.Namespace) -> None:
         model_id = "scripted"
     elif args.sampler.startswith("backend:"):
         sampler, tok, model_id = _backend_sampler(args.sampler.split(":", 1)[1])
+    elif args.sampler in ("vllm", "sglang"):
+        from core.errors import ConfigError
+        from core.samplers import HttpSamplerConfig, build_http_sampler
+        from core.tokenizer import load_tokenizer
+
+        try:
+            sampler = build_http_sampler(HttpSamplerConfig(
+                kind=args.sampler, urls=args.server_url, vllm_endpoint=args.vllm_endpoint, model=args.served_model,
+            ))
+        except ConfigError as exc:
+            raise SystemExit(f"{exc} (pass --server-url URL)") from exc
+        tok = load_tokenizer(args.tokenizer)
+        model_id = args.served_model or args.sampler
     else:
-        raise SystemExit(f"--sampler must be 'scripted' or 'backend:<name>', got {args.sampler!r}")
+        raise SystemExit(f"--sampler must be 'scripted', 'backend:<name>', 'vllm' or 'sglang', got {args.sampler!r}")
     config = GatewayConfig(
         host=args.host, port=args.port, history_mode=args.history_mode, tool_parser=args.tool_parser,
         max_context_tokens=args.max_context_tokens, admin_token=args.admin_token,
@@ -76,13 +96,7 @@ async def _serve(args: argparse.Namespace) -> None:
     gw = Gateway(tokenizer=tok, sampler=sampler, config=config, model_id=model_id)
     server = GatewayServer(gw, host=args.host, port=args.port)
     await server.start()
-    # A long-lived server holds many small objects (messages, token lists); freezing
-    # the start-up heap and raising the young-generation threshold keeps cyclic-GC
-    # passes from rescanning them on every few hundred allocations.
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 50)
+    # GatewayServer.start() applied core.gateway.server.tune_gc() (frozen heap, higher GC threshold).
     sids = [gw.create_session(sampling=SamplingParams(max_tokens=args.max_tokens)) for _ in range(args.sessions)]
     print(json.dumps({"base_url": server.base_url, "root_url": server.root_url,
                       "admin_token": server.admin_token, "sessions": sids, "model": model_id}), flush=True)
@@ -90,6 +104,8 @@ async def _serve(args: argparse.Namespace) -> None:
         await asyncio.Event().wait()
     finally:
         await server.stop()
+        if hasattr(sampler, "aclose"):
+            await sampler.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
