@@ -108,6 +108,7 @@ class WorkerHost:
     """How the sampler is built (tests swap in a scripted one before the first call)."""
     _instance: WorkerHost | None = None
     _lock: asyncio.Lock | None = None
+    _lock_loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(
         self, cfg: Any, tokenizer: Any, gateway: Any, server: Any, runtime: Any, runner: Any
@@ -129,8 +130,10 @@ class WorkerHost:
         inst = cls._instance
         if inst is not None and inst.loop is asyncio.get_running_loop():
             return inst
-        if cls._lock is None or inst is not None:
-            cls._lock = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        if cls._lock is None or cls._lock_loop is not loop:
+            # an asyncio.Lock binds to the loop it is first awaited in
+            cls._lock, cls._lock_loop = asyncio.Lock(), loop
         async with cls._lock:
             if cls._instance is None or cls._instance.loop is not asyncio.get_running_loop():
                 if cls._instance is not None:
@@ -205,6 +208,7 @@ class WorkerHost:
     async def shutdown(cls) -> None:
         """Stop the runtime and the gateway server (tests; slime kills its actors at exit)."""
         host, cls._instance = cls._instance, None
+        cls._lock, cls._lock_loop = None, None
         if host is not None:
             await host.runtime.aclose()
             await host.server.stop()
