@@ -8,14 +8,18 @@ Defines ``build_app(gateway)``, a Starlette application serving
 
 each agent route also under ``/sessions/{sid}/v1/...``; the Anthropic routes
 also under ``/v1/v1/...`` because the anthropic SDK appends ``/v1/messages`` to
-a base URL that may already end in ``/v1``.
+a base URL that may already end in ``/v1``. The turn routes are dispatched by
+``core.gateway.fastpath.HotRoutes`` in front of Starlette (same endpoints, no
+middleware stack); everything else goes through Starlette's router.
 
 Session identity, first match wins: the ``{sid}`` path segment, the bearer
 token, the ``x-api-key`` header. A missing or unknown id is 401, a finished
 session 409; nothing is ever recorded under a default session.
 
 A client that disconnects while its turn is being sampled cancels the turn: the
-sampler call is cancelled and nothing is recorded (the agent never saw it).
+sampler call is cancelled and nothing is recorded (the agent never saw it). A
+client already gone when its turn would start gets no turn at all. The watch is
+``fastpath.DisconnectWatch`` (no task per turn).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -48,6 +52,7 @@ from core.gateway.errors import (
     too_large,
     unauthorized,
 )
+from core.gateway.fastpath import ClientGone, DisconnectWatch, HotRoutes, TooLarge, read_body
 from core.gateway.openai_api import chat_response, chat_stream_events, parse_chat_request
 
 if TYPE_CHECKING:
@@ -58,10 +63,6 @@ __all__ = ["build_app"]
 log = logging.getLogger("core.gateway")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-class _ClientGone(Exception):
-    """The client disconnected before its turn was answered."""
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -90,14 +91,10 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
         raise too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    try:
+        raw = await read_body(request.receive, limit)
+    except TooLarge:
+        raise too_large(limit) from None
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
@@ -109,31 +106,35 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
     return body
 
 
-async def _guarded(request: Request, turn: Awaitable[TurnResult]) -> TurnResult:
-    """Await ``turn``, cancelling it if the client disconnects meanwhile."""
+async def _guarded(request: Request, turn: Coroutine[Any, Any, TurnResult]) -> TurnResult:
+    """Await ``turn``, cancelling it if the client disconnects meanwhile.
+
+    Raises:
+        ClientGone: the client disconnected (before the turn started, or during it).
+    """
     task = asyncio.current_task()
-    gone = False
+    gone = started = False
 
-    async def watch() -> None:
+    def on_gone() -> None:
         nonlocal gone
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                gone = True
-                if task is not None:
-                    task.cancel()
-                return
+        gone = True
+        if started and task is not None:
+            task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    watch = DisconnectWatch(request.receive, on_gone)
     try:
+        if gone:  # already disconnected: nobody will read this turn, so never start it
+            turn.close()
+            raise ClientGone()
+        started = True
         return await turn
     except asyncio.CancelledError:
         if gone and task is not None:
             task.uncancel()
-            raise _ClientGone() from None
+            raise ClientGone() from None
         raise
     finally:
-        watcher.cancel()
+        watch.close()
 
 
 def _endpoint(fn: Endpoint, *, anthropic: bool) -> Endpoint:
@@ -144,12 +145,14 @@ def _endpoint(fn: Endpoint, *, anthropic: bool) -> Endpoint:
             return await fn(request)
         except GatewayError as err:
             return _json(envelope(err), err.status)
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # the one place unexpected errors become a response
             log.exception("gateway error on %s", request.url.path)
-            err = GatewayError(f"internal gateway error: {type(exc).__name__}: {exc}", status=500, type="server_error")
-            return _json(envelope(err), 500)
+            internal = GatewayError(
+                f"internal gateway error: {type(exc).__name__}: {exc}", status=500, type="server_error"
+            )
+            return _json(envelope(internal), 500)
 
     return endpoint
 
@@ -165,8 +168,8 @@ def _sse(frames: list[bytes]) -> StreamingResponse:
     )
 
 
-def build_app(gateway: Gateway) -> Starlette:
-    """The Starlette app serving ``gateway``."""
+def build_app(gateway: Gateway) -> HotRoutes:
+    """The ASGI app serving ``gateway``: the turn routes on the lean path, the rest on Starlette."""
     limit = gateway.config.max_body_bytes
 
     async def chat(request: Request) -> Response:
@@ -228,4 +231,10 @@ def build_app(gateway: Gateway) -> Starlette:
             err = GatewayError(f"{exc.detail} for {request.method} {request.url.path}", status=exc.status_code)
         return _json((anthropic_envelope if anthropic else openai_envelope)(err), err.status)
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    hot = {
+        "/v1/chat/completions": openai_chat,
+        "/v1/messages": anth_messages,
+        "/v1/v1/messages": anth_messages,
+    }
+    return HotRoutes(app, hot)
