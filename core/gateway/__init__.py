@@ -6,7 +6,7 @@ Exports:
 - ``GatewayServer``: uvicorn serving a ``Gateway`` inside the current loop.
 - ``GatewayConfig``: settings (history mode, tool parser, limits).
 - ``GatewayError``: an HTTP-visible failure.
-- ``build_app``: the Starlette app, for custom hosting.
+- ``build_app``: the ASGI app (turn routes on a lean path, the rest on Starlette), for custom hosting.
 """
 
 from __future__ import annotations

@@ -81,6 +81,10 @@ class ChatRenderer:
             self._compiled = _compile_jinja_template(self.template)
         except Exception:  # pragma: no cover - private helper moved: use the public path
             self._compiled = None
+        # The template's globals (jinja's range/namespace/..., transformers' raise_exception,
+        # strftime_now) flattened once: Template.render merges their ChainMap into a new dict
+        # on every call, about a quarter of a tail render.
+        self._globals: dict[str, Any] = dict(self._compiled.globals) if self._compiled is not None else {}
 
     # ------------------------------------------------------------------ text
 
@@ -88,16 +92,24 @@ class ChatRenderer:
         self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool
     ) -> str:
         """The template's text for ``messages``."""
-        if self._compiled is not None:
-            return str(
-                self._compiled.render(
-                    messages=messages,
-                    tools=tools,
-                    add_generation_prompt=add_generation_prompt,
-                    **self._specials,
-                    **self.kwargs,
-                )
-            )
+        template = self._compiled
+        if template is not None:
+            # What Template.render does, with the globals merged in advance (shared=True
+            # passes the dict as the context's parent as is).
+            variables = {
+                **self._globals,
+                **self._specials,
+                **self.kwargs,
+                "messages": messages,
+                "tools": tools,
+                "add_generation_prompt": add_generation_prompt,
+            }
+            try:
+                context = template.new_context(variables, shared=True)
+                return str(template.environment.concat(template.root_render_func(context)))
+            except Exception:
+                template.environment.handle_exception()  # re-raises with the template's line numbers
+                raise
         return str(
             self.tokenizer.apply_chat_template(
                 list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs
