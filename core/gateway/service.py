@@ -257,6 +257,9 @@ class Gateway:
                 s.counters["sampling_overrides_ignored"] += 1
         if req.stop:
             changes["stop"] = tuple(dict.fromkeys((*base.stop, *req.stop)))
+        if base.seed is not None and s.turns:
+            # A seeded session draws fresh randomness each turn, reproducibly.
+            changes["seed"] = (base.seed + 1_000_003 * len(s.turns)) % (2**63)
         if not changes:
             return base
         try:

@@ -144,15 +144,22 @@ class Trainer:
                 print(f"warning: shutdown step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         self._closers.clear()
 
-    def _sampling(self, temperature: float) -> SamplingParams:
-        return SamplingParams(max_tokens=int(self.algo.max_tokens), temperature=float(temperature))
+    def _sampling(self, temperature: float, *, stream: int = 0) -> SamplingParams:
+        """Session sampling settings; seeded from ``seed``, the step and ``stream`` so a
+        run (and a resumed run) samples the same tokens every time."""
+        seed = (int(self.cfg.seed) * 1_000_003 + self.step * 65_537 + stream) % (2**62)
+        return SamplingParams(
+            max_tokens=int(self.algo.max_tokens), temperature=float(temperature), seed=seed
+        )
 
     # -- guards ---------------------------------------------------------------
 
     async def _canary(self) -> None:
         """One rollout that must reach the gateway and return a reward."""
         outcome = await self.runner.run_one(
-            self.train_rows[0], group_id="canary", sampling=self._sampling(self.algo.temperature)
+            self.train_rows[0],
+            group_id="canary",
+            sampling=self._sampling(self.algo.temperature, stream=1),
         )
         result = outcome.result
         if result.status is not RolloutStatus.OK:
@@ -261,7 +268,7 @@ class Trainer:
         outcomes = await self.runner.run_groups(
             [(f"eval{i}", p) for i, p in enumerate(rows)],
             group_size=1,
-            sampling=self._sampling(self.algo.eval_temperature),
+            sampling=self._sampling(self.algo.eval_temperature, stream=2),
         )
         ok = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
         return {

@@ -55,6 +55,7 @@ class RolloutRunner:
     async def run_one(
         self, payload: dict[str, Any], *, group_id: str, sampling: SamplingParams
     ) -> RolloutOutcome:
+        """Run one rollout in its own session; ``sampling.seed``, when set, seeds it."""
         rollout_id = uuid.uuid4().hex
         async with self._sem:
             sid = self.gateway.create_session(
@@ -91,11 +92,21 @@ class RolloutRunner:
     ) -> list[RolloutOutcome]:
         """``group_size`` rollouts of each ``(group_id, payload)``, all concurrently."""
 
-        async def one(group_id: str, payload: dict[str, Any]) -> RolloutOutcome:
-            outcome = await self.run_one(payload, group_id=group_id, sampling=sampling)
+        async def one(group_id: str, payload: dict[str, Any], seed: int | None) -> RolloutOutcome:
+            outcome = await self.run_one(
+                payload, group_id=group_id, sampling=replace(sampling, seed=seed)
+            )
             if on_done is not None:
                 on_done(outcome)
             return outcome
 
-        tasks = [one(gid, p) for gid, p in payloads for _ in range(group_size)]
+        def seed_of(index: int) -> int | None:
+            # Reproducible runs: rollout i of a seeded call gets its own stream.
+            return None if sampling.seed is None else (sampling.seed + 7_919 * index) % (2**63)
+
+        tasks = [
+            one(gid, p, seed_of(i * group_size + k))
+            for i, (gid, p) in enumerate(payloads)
+            for k in range(group_size)
+        ]
         return list(await asyncio.gather(*tasks))
