@@ -63,6 +63,17 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def _awaited(awaitable: Awaitable[Message]) -> Message:
+    return await awaitable
+
+
+def _as_coroutine(awaitable: Awaitable[Message]) -> Coroutine[Any, Any, Message]:
+    """``receive()``'s result as a coroutine (a server may return a plain future instead)."""
+    if asyncio.iscoroutine(awaitable):
+        return awaitable
+    return _awaited(awaitable)
+
+
 class DisconnectWatch:
     """Calls ``on_gone`` once ``receive`` reports ``http.disconnect``; ``close()`` stops watching.
 
@@ -85,7 +96,7 @@ class DisconnectWatch:
         self._loop = asyncio.get_running_loop()
         self._waiting: asyncio.Future[Any] | None = None
         self._closed = False
-        self._coro: Coroutine[Any, Any, Message] = receive()  # type: ignore[assignment]
+        self._coro = _as_coroutine(receive())
         self._step()
 
     def _step(self, _done: object = None) -> None:
@@ -101,7 +112,7 @@ class DisconnectWatch:
                 self._on_gone()
                 return
             # Any other message (a stray body chunk): keep listening.
-            self._coro = self._receive()  # type: ignore[assignment]
+            self._coro = _as_coroutine(self._receive())
             self._loop.call_soon(self._step)
             return
         except BaseException:  # the server's receive failed: stop watching, as a dead task would

@@ -209,3 +209,21 @@ def test_disconnect_watch_calls_back_once_and_close_stops_it(bare_yield: bool) -
         assert calls == ["gone"] and not closed._waiters  # type: ignore[attr-defined]
 
     asyncio.run(main())
+
+
+def test_disconnect_watch_accepts_a_receive_returning_a_plain_future() -> None:
+    """Some ASGI servers hand back a future from ``receive()`` rather than a coroutine."""
+
+    async def main() -> None:
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        calls: list[str] = []
+        watch = DisconnectWatch(lambda: future, lambda: calls.append("gone"))
+        await asyncio.sleep(0)
+        assert calls == []
+        future.set_result({"type": "http.disconnect"})
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert calls == ["gone"]
+        watch.close()
+
+    asyncio.run(main())
