@@ -41,6 +41,24 @@ def charwise_reward(reply: str, target: str) -> float:
     return hits / max(len(reply), len(target))
 
 
+def tokenizer_corpus() -> list[str]:
+    """The task's rendered chats, for a tokenizer built from scratch.
+
+    Only the characters of this task get a token (plus merges), as in the
+    prototype: a ~120-token vocabulary keeps the end-of-turn token findable by
+    a random policy. Text with other characters cannot be encoded with it.
+    """
+    from core.tokenizer import IM_END, IM_START
+
+    texts = []
+    for n in range(10):
+        texts.append(
+            f"{IM_START}system\n{SYSTEM}{IM_END}\n{IM_START}user\n{question(n)}{IM_END}\n"
+            f"{IM_START}assistant\n{(n + 1) % 10}{IM_END}\n"
+        )
+    return texts * 30
+
+
 def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: int = 0) -> None:
     """Write ``rows`` random training payloads and one eval payload per digit."""
     rng = random.Random(seed)

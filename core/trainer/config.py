@@ -94,3 +94,8 @@ class TaskConfig:
     """The agent app as ``module:attribute`` (an ``core.agent.AgentApp``)."""
     agent_env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables for agent processes."""
+    tokenizer_corpus: str = ""
+    """``module:function`` returning the texts a tokenizer built from scratch (the local
+    backend's ``tiny`` model) is trained on; empty uses core.tokenizer's default corpus."""
+    tokenizer_vocab_size: int = 0
+    """Vocabulary size of that tokenizer; 0 uses core.tokenizer's default."""

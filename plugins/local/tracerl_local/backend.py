@@ -9,6 +9,7 @@ loop, which also serves the gateway, stays responsive.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import math
 import os
@@ -47,8 +48,18 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, config: LocalBackendConfig, seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: LocalBackendConfig,
+        seed: int = 0,
+        *,
+        tokenizer_corpus: list[str] | None = None,
+        tokenizer_vocab_size: int = 0,
+    ) -> None:
         """Build or load the model and start serving it at weight version 0.
+
+        ``tokenizer_corpus`` / ``tokenizer_vocab_size`` shape the ``tiny`` preset's
+        tokenizer (the run's task provides them; see ``TaskConfig``).
 
         Raises:
             ConfigError: bad device/dtype/model, or LoRA without peft.
@@ -61,7 +72,9 @@ class LocalBackend:
             )
         self.config = config
         self.seed = seed
-        self._model, self._tokenizer = load_model(config, seed)
+        self._model, self._tokenizer = load_model(
+            config, seed, corpus=tokenizer_corpus, vocab_size=tokenizer_vocab_size
+        )
         self._model.eval()  # no dropout: trainer and sampler see the same function
         self._cache_arg = cache_argument(self._model)
         self._max_positions = int(self._model.config.max_position_embeddings)
@@ -80,8 +93,26 @@ class LocalBackend:
 
     @classmethod
     def from_config(cls, cfg: Any) -> LocalBackend:
-        """Build from the composed run config (``cfg.backend`` and ``cfg.seed``)."""
-        return cls(_to_backend_config(cfg.backend), seed=int(cfg.get("seed", 0) or 0))
+        """Build from the composed run config (``cfg.backend``, ``cfg.seed`` and the task's
+        tokenizer corpus, used by the ``tiny`` preset)."""
+        task = cfg.get("task") or {}
+        corpus = None
+        spec = str(task.get("tokenizer_corpus", "") or "")
+        if spec:
+            module_name, _, attr = spec.partition(":")
+            try:
+                corpus = list(getattr(importlib.import_module(module_name), attr)())
+            except (ImportError, AttributeError, ValueError) as exc:
+                raise ConfigError(
+                    f"task.tokenizer_corpus={spec!r} cannot be loaded ({exc}); give "
+                    "'package.module:function' returning a list of texts"
+                ) from exc
+        return cls(
+            _to_backend_config(cfg.backend),
+            seed=int(cfg.get("seed", 0) or 0),
+            tokenizer_corpus=corpus,
+            tokenizer_vocab_size=int(task.get("tokenizer_vocab_size", 0) or 0),
+        )
 
     # -- what the gateway and the loop read -------------------------------------------
 

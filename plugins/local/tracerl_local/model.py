@@ -105,8 +105,13 @@ def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     return get_peft_model(model, peft_config)
 
 
-def load_model(cfg: LocalBackendConfig, seed: int) -> tuple[torch.nn.Module, Any]:
+def load_model(
+    cfg: LocalBackendConfig, seed: int, *, corpus: list[str] | None = None, vocab_size: int = 0
+) -> tuple[torch.nn.Module, Any]:
     """The model (on its device, in its dtype, LoRA applied) and its tokenizer.
+
+    ``corpus`` and ``vocab_size`` shape the tokenizer of the ``tiny`` preset
+    (a task's own texts: a small vocabulary is what lets a tiny model learn fast).
 
     Raises:
         ConfigError: unknown device/dtype, a model or tokenizer that cannot be
@@ -117,7 +122,11 @@ def load_model(cfg: LocalBackendConfig, seed: int) -> tuple[torch.nn.Module, Any
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     if cfg.model == "tiny":
-        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else build_tiny_tokenizer()
+        if cfg.tokenizer:
+            tokenizer = load_tokenizer(cfg.tokenizer)
+        else:
+            sizing = {"vocab_size": vocab_size} if vocab_size > 0 else {}
+            tokenizer = build_tiny_tokenizer(corpus, **sizing)
         model = build_tiny_model(tokenizer, cfg.tiny, seed).to(dtype=dtype)
     else:
         from transformers import AutoModelForCausalLM
