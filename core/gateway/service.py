@@ -186,7 +186,7 @@ class Gateway:
     def peek_rows(self, sid: str) -> list[TraceRecord]:
         """The rows ``sid`` would yield now, without closing it."""
         s = self.session(sid)
-        meta = dict(s.counters)
+        meta: dict[str, Any] = dict(s.counters)
         meta["turns"] = len(s.turns)
         meta["tool_parser"] = self.tool_parser_name
         meta["history_mode"] = s.history_mode

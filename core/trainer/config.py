@@ -58,6 +58,11 @@ class AlgorithmConfig:
     """Divide group-centred rewards by the group's standard deviation."""
     exclude_failed: bool = True
     """Drop failed rollouts from their group instead of scoring them 0.0."""
+    token_mean_over: str = "batch"
+    """Denominator of the token-level mean: ``batch`` (every generated token of the
+    step's successful rollouts; groups without signal add zero-advantage tokens, so a
+    step with few informative groups takes a proportionally small step) or
+    ``trained`` (only tokens with an advantage; cheaper on remote backends)."""
     learning_rate: float = 1e-3
     """Adam step size."""
     beta1: float = 0.9

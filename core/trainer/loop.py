@@ -86,6 +86,10 @@ class Trainer:
             raise ConfigError(
                 f"algorithm.loss={self.algo.loss!r}; use cross_entropy, importance_sampling, ppo or cispo"
             )
+        if self.algo.token_mean_over not in ("batch", "trained"):
+            raise ConfigError(
+                f"algorithm.token_mean_over={self.algo.token_mean_over!r}; use batch or trained"
+            )
         if self.t.batch_size < 1 or self.t.group_size < 1:
             raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
         self.step = 0
@@ -228,10 +232,13 @@ class Trainer:
             exclude_failed=bool(self.algo.exclude_failed),
         )
         datums: list[Datum] = []
+        whole_batch = self.algo.token_mean_over == "batch"
         for o in outcomes:
             adv = stats.advantages.get(o.request.rollout_id)
             if adv is None:
-                continue
+                if not (whole_batch and o.ok):
+                    continue
+                adv = 0.0  # no signal, but its tokens count in the token mean
             for row in o.rows:
                 datum = trace_to_datum(row, adv)
                 if datum is not None:

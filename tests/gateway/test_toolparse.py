@@ -8,7 +8,13 @@ import pytest
 
 from core.errors import ConfigError
 from core.gateway import Gateway, GatewayConfig
-from core.gateway.toolparse import detect_parser, get_parser, parse_hermes, parse_llama3_json, parse_qwen3_coder
+from core.gateway.toolparse import (
+    detect_parser,
+    get_parser,
+    parse_hermes,
+    parse_llama3_json,
+    parse_qwen3_coder,
+)
 from core.samplers import ScriptedSampler
 from tests.gateway.conftest import CALC_TOOL, Harness
 

@@ -87,7 +87,7 @@ def test_loop_trains_logs_and_closes(tmp_path: Path) -> None:
         for d in datums:
             # one generated digit + EOS, trained with the advantage of its rollout
             assert sum(d.weights) == 2
-            assert len({a for a, w in zip(d.advantages, d.weights) if w}) == 1
+            assert len({a for a, w in zip(d.advantages, d.weights, strict=True) if w}) == 1
     assert backend.closed
     assert (trainer.run_dir / "report.html").read_text().count("<polyline") >= 1
     assert (trainer.run_dir / "checkpoints" / "step_000003" / "trainer_state.json").exists()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
+from tracerl_local.backend import LocalBackend
 
 from core.errors import ConfigError
-from tracerl_local.backend import LocalBackend
 
 
 def _cfg(**task: object) -> object:
