@@ -26,8 +26,8 @@ from core.testing.fakes import compose
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
 
-STEPS = 300
-"""Healthy runs pass 0.8 between steps ~180 and ~260; this leaves a margin."""
+STEPS = 250
+"""The default run (seed 0; runs are reproducible) passes 0.8 near step 200."""
 WINDOW = 10
 
 
