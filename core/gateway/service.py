@@ -258,8 +258,7 @@ class Gateway:
         if req.stop:
             changes["stop"] = tuple(dict.fromkeys((*base.stop, *req.stop)))
         if base.seed is not None and s.turns:
-            # A seeded session draws fresh randomness each turn, reproducibly.
-            changes["seed"] = (base.seed + 1_000_003 * len(s.turns)) % (2**63)
+            changes["seed"] = turn_seed(base.seed, len(s.turns))
         if not changes:
             return base
         try:
@@ -430,6 +429,12 @@ class Gateway:
             ill_formed=parsed.ill_formed,
             stop_string=stop_string,
         )
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """Seed of turn ``turn`` (0-based) of a session seeded with ``seed``: a seeded
+    session draws fresh randomness each turn, reproducibly."""
+    return seed if turn == 0 else (seed + 1_000_003 * turn) % (2**63)
 
 
 def _redact(sid: str) -> str:

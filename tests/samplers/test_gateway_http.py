@@ -10,6 +10,7 @@ must work from the command line.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import openai
 import pytest
 
 from core.gateway import Gateway, GatewayConfig, GatewayServer
+from core.gateway.service import turn_seed
 from core.samplers import HttpSamplerConfig, build_http_sampler
 from core.types import SamplingParams
 from tests.samplers.conftest import LocalServer
@@ -91,9 +93,11 @@ def test_openai_sdk_through_gateway_records_the_servers_tokens(
 
     async def replay() -> list[tuple[list[int], list[float]]]:
         out = []
-        for span in row.turns:
+        for turn, span in enumerate(row.turns):
+            assert params.seed is not None
+            seeded = dataclasses.replace(params, seed=turn_seed(params.seed, turn))
             r = await reference.sampler.sample(
-                row.token_ids[: span.start], params, session_id="ref"
+                row.token_ids[: span.start], seeded, session_id="ref"
             )
             out.append((r.token_ids, r.logprobs))
         return out
