@@ -11,4 +11,6 @@ if [[ "${1:-}" == "test" ]]; then EXTRAS="[test]"; fi
 # The training-sessions SDK without the ~0.9 GB it declares (mlflow, pyarrow, ...);
 # its clients need only boto3 and pydantic (see docs/backends/sagemaker.md).
 $PIP --no-deps "sagemaker-train==1.27.0"
-$PIP -e ".${EXTRAS}" -e plugins/local -e plugins/tinker -e plugins/sagemaker -e plugins/slime
+LOCAL="plugins/local"
+if [[ "${1:-}" == "test" ]]; then LOCAL="plugins/local[lora]"; fi  # LoRA tests need peft
+$PIP -e ".${EXTRAS}" -e "$LOCAL" -e plugins/tinker -e plugins/sagemaker -e plugins/slime
