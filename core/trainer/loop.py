@@ -29,7 +29,7 @@ from core.trainer.checkpoint import checkpoint_dir, latest_checkpoint, write_tra
 from core.trainer.data import DataOrder, load_payloads
 from core.trainer.metrics import MetricsWriter, console_line
 from core.trainer.report import write_report
-from core.trainer.rollouts import RolloutOutcome, RolloutRunner
+from core.trainer.rollouts import RolloutOutcome, start_rollout_stack
 from core.types import AdamParams, Datum, RolloutStatus, SamplingParams
 
 
@@ -99,7 +99,7 @@ class Trainer:
     # -- setup --------------------------------------------------------------
 
     async def _setup(self) -> None:
-        from core.gateway import Gateway, GatewayServer
+        from core.gateway import Gateway
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.train_rows, self.eval_rows = prepare_data(self.cfg, self.run_dir)
@@ -115,21 +115,11 @@ class Trainer:
             config=gw_cfg,
             model_id=self.backend.model_id(),
         )
-        self.server = GatewayServer(self.gateway, host=gw_cfg.host, port=gw_cfg.port)
-        await self.server.start()
-        self._closers.append(self.server.stop)
-
-        self.runtime = self.plugins.runtime(str(self.cfg.runtime.name)).factory(self.cfg)
-        self._closers.append(self.runtime.aclose)
-        await self.runtime.start()
-        self.runner = RolloutRunner(
-            gateway=self.gateway,
-            base_url=self.server.base_url,
-            runtime=self.runtime,
-            model_id=self.backend.model_id(),
-            max_concurrency=int(self.t.max_concurrent_rollouts),
-            timeout_s=float(self.t.rollout_timeout_s),
+        stack = await start_rollout_stack(
+            self.cfg, self.gateway, model_id=self.backend.model_id(), plugins=self.plugins
         )
+        self._closers.append(stack.aclose)
+        self.server, self.runtime, self.runner = stack.server, stack.runtime, stack.runner
         loggers = list(self.t.loggers)
         self.metrics = MetricsWriter(
             self.run_dir, loggers, config=OmegaConf.to_container(self.cfg, resolve=True)  # type: ignore[arg-type]

@@ -3,6 +3,9 @@
 ``RolloutRunner.run_one`` owns a session from creation to drop, so no turn is
 ever recorded outside a session the trainer knows about, and a rollout's
 rows are stamped with its status and reward before they leave.
+``start_rollout_stack`` brings up what every host of rollouts needs (the
+gateway's HTTP server, the configured runtime, a runner over both): core's
+loop, the verl agent-loop workers and slime's rollout processes share it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,65 @@ class RolloutOutcome:
     @property
     def ok(self) -> bool:
         return self.result.status is RolloutStatus.OK
+
+
+@dataclass
+class RolloutStack:
+    """A started gateway server, runtime and the runner over both."""
+
+    server: Any
+    """The ``GatewayServer`` agents call."""
+    runtime: Any
+    """The started ``RolloutRuntime``."""
+    runner: RolloutRunner
+    """Runs rollouts through both."""
+
+    async def aclose(self) -> None:
+        """Stop the runtime, then the server."""
+        try:
+            await self.runtime.aclose()
+        finally:
+            await self.server.stop()
+
+
+async def start_rollout_stack(
+    cfg: Any, gateway: Any, *, model_id: str, public_host: str = "", plugins: Any = None
+) -> RolloutStack:
+    """Serve ``gateway`` over HTTP and start ``runtime=<cfg.runtime.name>`` against it.
+
+    Args:
+        cfg: The composed config (``gateway``, ``runtime`` and ``trainer`` sections).
+        gateway: The in-process ``Gateway``.
+        model_id: Model name agents pass.
+        public_host: Address agents dial, when it differs from ``cfg.gateway.host``
+            (default: ``cfg.gateway.public_host``).
+        plugins: Loaded plugins to find the runtime in (default: ``load_plugins()``).
+    """
+    from core.gateway import GatewayServer
+    from core.plugins import load_plugins
+
+    server = GatewayServer(
+        gateway,
+        host=str(cfg.gateway.host),
+        port=int(cfg.gateway.port),
+        public_host=public_host or str(cfg.gateway.public_host or ""),
+    )
+    await server.start()
+    try:
+        runtime = (plugins or load_plugins()).runtime(str(cfg.runtime.name)).factory(cfg)
+        await runtime.start()
+    except BaseException:
+        await server.stop()
+        raise
+    runner = RolloutRunner(
+        gateway=gateway,
+        base_url=server.base_url,
+        runtime=runtime,
+        model_id=model_id,
+        max_concurrency=int(cfg.trainer.max_concurrent_rollouts),
+        timeout_s=float(cfg.trainer.rollout_timeout_s),
+    )
+    return RolloutStack(server=server, runtime=runtime, runner=runner)
 
 
 class RolloutRunner:

@@ -147,10 +147,9 @@ class WorkerHost:
     async def _start(cls, args: Any) -> WorkerHost:
         from omegaconf import OmegaConf
 
-        from core.gateway import Gateway, GatewayConfig, GatewayServer
-        from core.plugins import load_plugins
+        from core.gateway import Gateway, GatewayConfig
         from core.tokenizer import load_tokenizer
-        from core.trainer.rollouts import RolloutRunner
+        from core.trainer.rollouts import start_rollout_stack
 
         cfg = tracerl_config_of(args)
         tokenizer = load_tokenizer(
@@ -166,22 +165,8 @@ class WorkerHost:
         public = gw_cfg.public_host
         if not public and gw_cfg.host in ("0.0.0.0", "::"):
             public = _public_host(gw_cfg.host)
-        server = GatewayServer(gateway, host=gw_cfg.host, port=gw_cfg.port, public_host=public)
-        await server.start()
-        runtime = load_plugins().runtime(str(cfg.runtime.name)).factory(cfg)
-        try:
-            await runtime.start()
-        except BaseException:
-            await server.stop()
-            raise
-        runner = RolloutRunner(
-            gateway=gateway,
-            base_url=server.base_url,
-            runtime=runtime,
-            model_id=model_id,
-            max_concurrency=int(cfg.trainer.max_concurrent_rollouts),
-            timeout_s=float(cfg.trainer.rollout_timeout_s),
-        )
+        stack = await start_rollout_stack(cfg, gateway, model_id=model_id, public_host=public)
+        server, runtime, runner = stack.server, stack.runtime, stack.runner
         logger.info("tracerl gateway for this slime rollout process at %s", server.base_url)
         return cls(cfg, tokenizer, gateway, server, runtime, runner)
 

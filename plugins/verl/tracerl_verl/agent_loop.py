@@ -100,9 +100,8 @@ class WorkerHost:
     async def _start(cls, loop: TracerlAgentLoop) -> WorkerHost:
         from omegaconf import OmegaConf
 
-        from core.gateway import Gateway, GatewayConfig, GatewayServer
-        from core.plugins import load_plugins
-        from core.trainer.rollouts import RolloutRunner
+        from core.gateway import Gateway, GatewayConfig
+        from core.trainer.rollouts import start_rollout_stack
 
         cfg = OmegaConf.load(loop.tracerl_config)
         rollout = loop.rollout_config
@@ -123,22 +122,8 @@ class WorkerHost:
             import ray
 
             public = ray.util.get_node_ip_address()
-        server = GatewayServer(gateway, host=gw_cfg.host, port=gw_cfg.port, public_host=public)
-        await server.start()
-        runtime = load_plugins().runtime(str(cfg.runtime.name)).factory(cfg)
-        try:
-            await runtime.start()
-        except BaseException:
-            await server.stop()
-            raise
-        runner = RolloutRunner(
-            gateway=gateway,
-            base_url=server.base_url,
-            runtime=runtime,
-            model_id=model_id,
-            max_concurrency=int(cfg.trainer.max_concurrent_rollouts),
-            timeout_s=float(cfg.trainer.rollout_timeout_s),
-        )
+        stack = await start_rollout_stack(cfg, gateway, model_id=model_id, public_host=public)
+        server, runtime, runner = stack.server, stack.runtime, stack.runner
         logger.info("tracerl gateway for this verl worker at %s", server.base_url)
         return cls(cfg, sampler, gateway, server, runtime, runner)
 
