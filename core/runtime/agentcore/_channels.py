@@ -1,6 +1,6 @@
 """How one rollout's result comes back from an AgentCore session.
 
-Defines ``AcrSession`` (what a channel needs for one rollout), ``ChannelFault``,
+Defines ``AcrSession`` (what a channel needs for one rollout), ``AgentFault``,
 ``HttpResultChannel`` (start/get invocations through InvokeAgentRuntime, the
 ``AgentCoreRuntimeApp`` contract) and ``S3ResultChannel`` (fire with ``_rollout``
 S3 fields, then HEAD/GET-poll the object, the ``AgentCoreRLApp`` contract).
@@ -25,16 +25,9 @@ from core.agent._protocol import (
     InvocationOp,
     s3_result_key,
 )
+from core.runtime._channels import AgentFault
 from core.runtime.agentcore._client import AcrClient
 from core.types import RolloutStatus
-
-
-class ChannelFault(Exception):
-    """The rollout failed in a way that maps to ``status``; the message is the error text."""
-
-    def __init__(self, status: RolloutStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -86,7 +79,7 @@ class HttpResultChannel:
         """Start the invocation in the background and return the handler's output.
 
         Raises:
-            ChannelFault: the handler failed or the session lost the invocation.
+            AgentFault: the handler failed or the session lost the invocation.
             AcrCallError: a data-plane call failed for good.
         """
         start = InvocationOp("start", s.invocation_id, background=True)
@@ -109,18 +102,18 @@ class HttpResultChannel:
                 s.runtime_session_id, {ENVELOPE_KEY: op.to_envelope()}, deadline=s.deadline
             )
             if not isinstance(state, dict):
-                raise ChannelFault(
+                raise AgentFault(
                     RolloutStatus.CRASHED, f"the agent answered a get with {state!r:.300}, not a state"
                 )
         status = state.get("status")
         if status != "completed":
-            raise ChannelFault(
+            raise AgentFault(
                 RolloutStatus.CRASHED,
                 f"the session lost the invocation (state {status!r}): its microVM was replaced or "
                 "the agent process restarted mid-rollout",
             )
         if "error" in state:
-            raise ChannelFault(RolloutStatus.CRASHED, str(state["error"]))
+            raise AgentFault(RolloutStatus.CRASHED, str(state["error"]))
         return state.get("result")
 
 
@@ -178,7 +171,7 @@ class S3ResultChannel:
         """Invoke with ``_rollout`` S3 fields, then poll the result object.
 
         Raises:
-            ChannelFault: S3 refused the reads or the object is not JSON.
+            AgentFault: S3 refused the reads or the object is not JSON.
             AcrCallError: the invocation failed for good.
         """
         from botocore.exceptions import ClientError
@@ -204,14 +197,14 @@ class S3ResultChannel:
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
                 if code in ("403", "AccessDenied", "Forbidden"):
-                    raise ChannelFault(
+                    raise AgentFault(
                         RolloutStatus.CRASHED,
                         f"S3 HEAD s3://{self.bucket}/{key} was denied (403). Without s3:ListBucket "
                         "a missing object answers 403, not 404: grant the trainer s3:GetObject and "
                         "s3:ListBucket on the bucket",
                     ) from exc
                 if code not in ("404", "NoSuchKey", "NotFound"):
-                    raise ChannelFault(
+                    raise AgentFault(
                         RolloutStatus.CRASHED, f"S3 HEAD s3://{self.bucket}/{key} failed: {exc}"
                     ) from exc
             await asyncio.sleep(max(0.0, min(delay, s.deadline - time.monotonic())))
@@ -221,7 +214,7 @@ class S3ResultChannel:
         try:
             return json.loads(body)
         except ValueError as exc:
-            raise ChannelFault(
+            raise AgentFault(
                 RolloutStatus.CRASHED, f"s3://{self.bucket}/{key} is not JSON: {body[:200]!r}"
             ) from exc
 

@@ -24,10 +24,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from core.errors import ConfigError, RuntimeStartError
+from core.runtime._channels import AgentFault
 from core.runtime._results import failed, result_from_output
 from core.runtime.agentcore._channels import (
     AcrSession,
-    ChannelFault,
     HttpResultChannel,
     Polling,
     S3ResultChannel,
@@ -292,7 +292,7 @@ class AgentCoreRuntime:
                         f"{session.runtime_session_id!r} was stopped",
                         time.monotonic() - t0,
                     )
-                except ChannelFault as fault:
+                except AgentFault as fault:
                     return failed(rid, fault.status, str(fault), time.monotonic() - t0)
                 except AcrCallError as exc:
                     status = RolloutStatus.REJECTED if exc.code in _REJECTED_CODES else RolloutStatus.CRASHED
