@@ -58,6 +58,12 @@ class RolloutStatus(StrEnum):
     """The reward was not a finite number (a string, NaN, a list of junk...)."""
     REJECTED = "rejected"
     """The runtime refused to start the rollout (bad payload, throttled for good)."""
+    SAMPLER_ERROR = "sampler_error"
+    """A model call of the rollout failed in the gateway (the sampler errored) or was
+    still in flight when the agent finished: its reward was earned on a broken turn."""
+    NO_MODEL_CALLS = "no_model_calls"
+    """The agent returned a reward without calling the model: nothing to train, and
+    the reward says nothing about the policy."""
 
     @property
     def failed(self) -> bool:
