@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from core.agent._reap import kill_tree
+
 
 def load_app(spec: str) -> Any:
     """Import ``module:attr`` and return the attribute.
@@ -43,15 +45,31 @@ def load_app(spec: str) -> Any:
 
 
 def _exit_with_parent(pid: int) -> None:
+    """Exit, with everything this agent started, once ``pid`` is gone.
+
+    The parent is also gone when we were reparented (``getppid`` changed), which
+    catches a recycled pid that ``kill(pid, 0)`` would take for the trainer.
+    """
+    parent_at_start = os.getppid()
+
+    def gone() -> bool:
+        if parent_at_start == pid and os.getppid() != pid:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, owned by someone else
+            pass
+        return False
+
     def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os._exit(0)
-            except PermissionError:  # alive, owned by someone else
-                pass
+        while not gone():
+            time.sleep(0.5)
+        # Take everything this agent started along (tools, sandboxes, their
+        # children), then go: a killed trainer must leave no process behind.
+        kill_tree(os.getpid())
+        os._exit(0)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from core.agent._reap import descendants, kill_pids
 from core.errors import RuntimeStartError
 from core.http import HTTPClient
 
@@ -169,10 +170,15 @@ class AgentProcess:
             return True
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole process group (agents may start children) and reap it."""
+        """Signal the whole process group (agents may start children) and reap it.
+
+        Descendants that left the group (``setsid`` tools and sandboxes) are
+        found through ``/proc`` first and killed as well.
+        """
         self.healthy = False
         if self.proc is None or self.proc.poll() is not None:
             return
+        strays = descendants(self.proc.pid)
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
@@ -182,18 +188,22 @@ class AgentProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)
+        kill_pids(strays)
 
     async def stop(self) -> None:
-        """SIGTERM, a short grace period, then SIGKILL."""
+        """SIGTERM, a short grace period, then SIGKILL (strays outside the group: SIGKILL)."""
         self.healthy = False
         if self.proc is None or self.proc.poll() is not None:
             return
+        strays = descendants(self.proc.pid)
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
         for _ in range(40):
             if self.proc.poll() is not None:
+                kill_pids(strays)
                 return
             await asyncio.sleep(0.05)
         self.kill()
+        kill_pids(strays)
