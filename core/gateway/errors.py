@@ -7,7 +7,8 @@ Defines:
   response in exactly one place (``core.gateway.app``).
 - Constructors for the cases the gateway distinguishes: ``bad_request``,
   ``unauthorized``, ``session_closed``, ``forbidden``, ``not_found``,
-  ``too_large``, ``context_length_exceeded``, ``sampler_failed``.
+  ``too_large``, ``context_length_exceeded``, ``sampler_failed``,
+  ``generation_aborted``.
 - ``openai_envelope`` / ``anthropic_envelope``: the JSON bodies each SDK parses.
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "bad_request",
     "context_length_exceeded",
     "forbidden",
+    "generation_aborted",
     "not_found",
     "openai_envelope",
     "sampler_failed",
@@ -123,6 +125,15 @@ def context_length_exceeded(prompt_tokens: int, budget: int) -> GatewayError:
 def sampler_failed(message: str) -> GatewayError:
     """503: the sampling backend failed; clients may retry."""
     return GatewayError(message, status=503, type="server_error", code="sampler_error")
+
+
+def generation_aborted(message: str) -> GatewayError:
+    """503: the sampler aborted the generation (weights swapped, shutdown); retry.
+
+    Not a 200 with ``finish_reason`` ``stop``: the text is cut short and was never
+    a finished turn, and an error status is what both SDKs surface (and retry).
+    """
+    return GatewayError(message, status=503, type="server_error", code="generation_aborted")
 
 
 def openai_envelope(err: GatewayError) -> dict[str, Any]:

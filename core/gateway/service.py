@@ -30,6 +30,7 @@ from core.gateway.errors import (
     GatewayError,
     bad_request,
     context_length_exceeded,
+    generation_aborted,
     sampler_failed,
     session_closed,
     unauthorized,
@@ -257,8 +258,6 @@ class Gateway:
                 s.counters["sampling_overrides_ignored"] += 1
         if req.stop:
             changes["stop"] = tuple(dict.fromkeys((*base.stop, *req.stop)))
-        if base.seed is not None and s.turns:
-            changes["seed"] = turn_seed(base.seed, len(s.turns))
         if not changes:
             return base
         try:
@@ -326,9 +325,23 @@ class Gateway:
                 if room < params.max_tokens:
                     params = dataclasses.replace(params, max_tokens=room)
             prompt_len = len(prompt)
+            # The seed index is taken when the call starts, not when a turn is recorded:
+            # concurrent turns of one session (best-of-N, parallel sub-calls) must not share it.
+            call = s.sampler_calls
+            s.sampler_calls += 1
+            if params.seed is not None and call:
+                params = dataclasses.replace(params, seed=turn_seed(params.seed, call))
             result = await self._sample(s, prompt, params)
             if s.closed:
                 raise session_closed(f"session {_redact(sid)} was finished while this turn was being generated")
+            if result.finish_reason is FinishReason.ABORT:
+                # The backend gave up on the turn (weight swap, shutdown): the agent never
+                # gets it, so it is not recorded and nothing of it is trained.
+                s.counters["aborted_turns"] += 1
+                raise generation_aborted(
+                    f"the sampling backend aborted this generation after {len(result.token_ids)} tokens "
+                    "(weights swapped or the engine shut down); nothing was recorded, retry the request"
+                )
         except BaseException as exc:
             release(parent, owned)
             if isinstance(exc, asyncio.CancelledError):
@@ -432,8 +445,9 @@ class Gateway:
 
 
 def turn_seed(seed: int, turn: int) -> int:
-    """Seed of turn ``turn`` (0-based) of a session seeded with ``seed``: a seeded
-    session draws fresh randomness each turn, reproducibly."""
+    """Seed of sampler call ``turn`` (0-based, counted per session when the call starts)
+    of a session seeded with ``seed``: a seeded session draws fresh randomness each
+    call, concurrent calls included, reproducibly."""
     return seed if turn == 0 else (seed + 1_000_003 * turn) % (2**63)
 
 

@@ -27,6 +27,7 @@ COUNTERS = (
     "context_length_exceeded",
     "disconnected_turns",
     "sampler_errors",
+    "aborted_turns",
     "sampling_overrides_ignored",
 )
 """Per-session counters copied into every row's metadata."""
@@ -63,6 +64,9 @@ class Session:
     """Finished: further requests get 409."""
     in_flight: int = 0
     """Turns being sampled right now."""
+    sampler_calls: int = 0
+    """Sampler calls started so far; the next call's index, which seeds it (``turn_seed``).
+    Taken when the call starts, so concurrent turns of one session never share a seed."""
     idle: asyncio.Event | None = None
     """Set when ``in_flight`` drops to 0 (created lazily inside a loop)."""
     created_at: float = field(default_factory=time.time)
