@@ -36,10 +36,25 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     command = "bash scripts/setup.sh test && python -m pytest"
     assert command in readme
-    lines = ci.splitlines()
-    assert lines.index("bash scripts/setup.sh test") < lines.index("python -m pytest")
+    lines = [ln.strip() for ln in ci.splitlines()]
+    assert command in lines
     verl = "bash plugins/verl/scripts/run_tests.sh -q"
-    assert verl in readme and verl in ci
+    assert verl in readme and verl in lines
+    assert lines.index(command) < lines.index(verl)
+
+
+def test_ci_runs_in_a_fresh_virtual_environment() -> None:
+    """A venv hides nothing the base interpreter provides (tests/plugins/test_third_party.py
+    once passed only outside one)."""
+    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    create = next(i for i, ln in enumerate(lines) if re.fullmatch(r"python3? -m venv (\S+)", ln))
+    env_dir = lines[create].split()[-1]
+    activate = lines.index(f"source {env_dir}/bin/activate")
+    first_install = next(i for i, ln in enumerate(lines) if "scripts/setup.sh" in ln or "pip install" in ln)
+    assert create < activate < first_install
+    assert lines.index(f"rm -rf {env_dir}") < create  # fresh, not left over from the last run
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert any(Path(env_dir).match(pattern.rstrip("/")) for pattern in ignored if pattern.strip())
 
 
 def test_readme_main_command() -> None:

@@ -1,14 +1,23 @@
 """A third-party backend distribution, pip-installed into a throwaway virtual
 environment, is found by ``python -m core.train`` and ``python -m core.plugins``.
 
-The venv sees the test environment's packages (``--system-site-packages``),
-so tracerl itself is not reinstalled and the test environment is left untouched.
+The throwaway venv sees the *running* interpreter's packages through a
+``.pth`` file that calls ``site.addsitedir`` on each of its site-packages
+directories (so editable installs' own ``.pth`` hooks run too). That works
+whether the tests run in a virtual environment, as the README suggests, or
+in a system Python; ``--system-site-packages`` would only reach the base
+interpreter's packages, not an active venv's. tracerl itself is not
+reinstalled and the test environment is left untouched. The fixture is built
+without build isolation (no download) by the running environment's
+setuptools, which ``pip install -e .[test]`` pins to a version that builds
+wheels on its own.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -25,9 +34,10 @@ def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = root / "src"
     shutil.copytree(FIXTURE, src)
     env_dir = root / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    subprocess.run(
+    share_site_packages(python)
+    proc = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -41,11 +51,31 @@ def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-q",
             str(src),
         ],
-        check=True,
         capture_output=True,
         text=True,
     )
+    assert proc.returncode == 0, f"pip could not install the fixture backend:\n{proc.stderr}"
     return python
+
+
+def share_site_packages(python: Path) -> Path:
+    """Make the venv of ``python`` import what the running interpreter imports.
+
+    A ``.pth`` line starting with ``import`` is executed at start-up; ``addsitedir``
+    (unlike a plain path line) also processes that directory's own ``.pth`` files,
+    which is how editable installs (tracerl, the in-tree plugins) are found.
+    """
+    target = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    dirs = [d for d in site.getsitepackages() if Path(d).is_dir()]
+    if site.ENABLE_USER_SITE and Path(site.getusersitepackages()).is_dir():
+        dirs.append(site.getusersitepackages())
+    pth = Path(target) / "_tracerl_test_parent_env.pth"
+    # One line, no comprehension: site exec()s it where a comprehension cannot see `site`.
+    pth.write_text(f"import site; list(map(site.addsitedir, {dirs!r}))\n")
+    return pth
 
 
 def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
