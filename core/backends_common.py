@@ -9,9 +9,12 @@ holds only the SDK-free parts; each plugin keeps its SDK's differences explicit:
   no ``weights``; SageMaker's losses all require them).
 - ``masked_advantages``: advantages multiplied by the loss mask, for SDKs whose
   RL losses have no ``weights`` input.
-- ``clip_thresholds``: core's ``clip_low``/``clip_high`` (PPO epsilons) as the
-  ratio bounds both SDKs call ``clip_low_threshold``/``clip_high_threshold``,
-  keeping only the keys an SDK accepts for a loss.
+- ``remote_loss`` / ``check_algorithm``: core's ``loss_config`` as a service
+  takes it: ``clip_low``/``clip_high`` (PPO epsilons, per-loss defaults in
+  ``CLIP_DEFAULTS``) become the ratio bounds both SDKs call
+  ``clip_low_threshold``/``clip_high_threshold``; a training temperature the
+  service cannot apply, and settings it has not, are refused (``ConfigError``)
+  instead of dropped.
 - ``await_result`` / ``call_blocking``: resolve an SDK future from async code
   with a deadline, wrapping SDK exceptions in tracerl's own.
 - ``SamplerSlot``: the current sampling client and its weight version, swapped
@@ -112,33 +115,136 @@ def loss_inputs(
 CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
 """The ``loss_fn_config`` keys both SDKs take for ``ppo`` and ``cispo``."""
 
+CLIPPED_LOSSES = ("ppo", "cispo")
+"""Losses that clip the ratio (the only ones that get a ``loss_fn_config``)."""
 
-def clip_thresholds(
+SAMPLER_LOGPROB_LOSSES = ("importance_sampling", "ppo", "cispo")
+"""Losses whose ratio compares trainer logprobs with the sampler's."""
+
+CLIP_DEFAULTS: dict[str, dict[str, float]] = {
+    "ppo": {"clip_low": 0.2, "clip_high": 0.2},
+    "cispo": {"clip_low": 1.0, "clip_high": 0.2},
+}
+"""Core's clip epsilons when ``loss_config`` omits them, the local backend's values.
+
+CISPO clips only the upper side by default (``clip_low`` 1.0: lower ratio
+bound 0, as in MiniMax-M1); a ``clip_low`` the config gives is honoured, as
+the local backend and slime (``--eps-clip``) honour it. Both bounds are always
+sent, so a run never depends on a service's own default (Tinker's CISPO
+default upper bound is 4.0, not core's 1.2)."""
+
+NEUTRAL_SETTINGS: dict[str, float] = {
+    "temperature": 1.0,
+    "top_k": -1.0,
+    "top_p": 1.0,
+    "entropy_coef": 0.0,
+}
+"""Non-clip ``loss_config`` keys core knows, at the value that changes nothing."""
+
+
+@dataclass(frozen=True)
+class RemoteLoss:
+    """Core's ``loss_config`` as a remote service takes it."""
+
+    config: dict[str, float]
+    """``loss_fn_config``: both ratio bounds for ``ppo``/``cispo``, else empty."""
+    temperature: float = 1.0
+    """Softmax temperature the trainer must apply to its logprobs (1.0: none)."""
+
+
+def remote_loss(
     loss_fn: str,
     loss_config: Mapping[str, float] | None,
-    accepted: Mapping[str, tuple[str, ...]],
-) -> dict[str, float]:
-    """Translate core's loss settings into an SDK's ``loss_fn_config`` for ``loss_fn``.
+    *,
+    backend: str,
+    forwards_temperature: bool,
+    docs: str,
+) -> RemoteLoss:
+    """Translate core's loss settings for a remote service, refusing what it would drop.
 
     Core (``algorithm.loss_config``) speaks PPO epsilons: the ratio is clipped
-    to ``[1 - clip_low, 1 + clip_high]``. Tinker and SageMaker take the ratio
-    bounds themselves as ``clip_low_threshold`` / ``clip_high_threshold``;
-    keys already in that form pass through. Only keys in ``accepted[loss_fn]``
-    are kept: the services refuse unknown config keys, and core adds settings
-    (e.g. ``temperature``) some backends use and these do not.
+    to ``[1 - clip_low, 1 + clip_high]`` (defaults in ``CLIP_DEFAULTS``).
+    Tinker and SageMaker take the bounds themselves as ``clip_low_threshold``
+    / ``clip_high_threshold``; keys already in that form pass through.
+
+    Core's loop also puts ``temperature`` (``algorithm.temperature``) here.
+    With a loss that divides trainer by sampler probabilities, the trainer
+    must apply the sampler's temperature, or the ratio compares tempered
+    sampler logprobs with untempered trainer logprobs and learning stalls.
+    A service that cannot (``forwards_temperature=False``) gets a
+    ``ConfigError`` instead of a silently wrong ratio; so do ``top_k``,
+    ``top_p`` and ``entropy_coef`` away from their neutral values (neither
+    service applies them in training) and keys core does not know.
+
+    Raises:
+        ConfigError: naming the key, its value and what to do, before anything is sent.
     """
-    if not loss_config:
-        return {}
-    out: dict[str, float] = {}
-    for key, value in loss_config.items():
-        if key == "clip_low":
-            out.setdefault("clip_low_threshold", 1.0 - float(value))
-        elif key == "clip_high":
-            out.setdefault("clip_high_threshold", 1.0 + float(value))
-        else:
-            out[key] = float(value)
-    keep = set(accepted.get(loss_fn, ()))
-    return {k: v for k, v in out.items() if k in keep}
+    given = {str(k): float(v) for k, v in (loss_config or {}).items()}
+    known = {"clip_low", "clip_high", *CLIP_KEYS, *NEUTRAL_SETTINGS}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(
+            f"backend {backend!r} does not understand algorithm.loss_config keys {unknown}; "
+            f"known keys: {sorted(known)} (see {docs}). Nothing was sent to the service."
+        )
+    uses_sampler = loss_fn in SAMPLER_LOGPROB_LOSSES
+    temperature = given.get("temperature", 1.0)
+    if uses_sampler and temperature != 1.0:
+        if not forwards_temperature:
+            raise ConfigError(
+                f"backend {backend!r} cannot train loss {loss_fn!r} at algorithm.temperature="
+                f"{temperature!r}: its forward_backward takes no temperature, so the ratio would "
+                "compare tempered sampler logprobs with untempered trainer logprobs. Set "
+                "algorithm.temperature=1.0 (or use a backend that applies it: local, verl, slime, "
+                f"sagemaker). See {docs}. Nothing was sent to the service."
+            )
+        if not temperature > 0:
+            raise ConfigError(
+                f"algorithm.temperature={temperature!r}: loss {loss_fn!r} needs sampled logprobs, "
+                "so the training temperature must be > 0"
+            )
+    for key in ("top_k", "top_p", "entropy_coef"):
+        if key in given and given[key] != NEUTRAL_SETTINGS[key] and (
+            uses_sampler or key == "entropy_coef"
+        ):
+            raise ConfigError(
+                f"backend {backend!r} cannot apply algorithm.loss_config.{key}={given[key]!r} in "
+                f"training (the service has no such setting); remove it or use the local backend. "
+                f"See {docs}. Nothing was sent to the service."
+            )
+    if loss_fn not in CLIPPED_LOSSES:
+        return RemoteLoss(config={}, temperature=temperature if uses_sampler else 1.0)
+    eps = {**CLIP_DEFAULTS[loss_fn], **{k: v for k, v in given.items() if k in ("clip_low", "clip_high")}}
+    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
+        raise ConfigError(
+            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
+            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
+        )
+    config = {
+        "clip_low_threshold": given.get("clip_low_threshold", 1.0 - eps["clip_low"]),
+        "clip_high_threshold": given.get("clip_high_threshold", 1.0 + eps["clip_high"]),
+    }
+    return RemoteLoss(config=config, temperature=temperature)
+
+
+def check_algorithm(cfg: Any, *, backend: str, forwards_temperature: bool, docs: str) -> RemoteLoss:
+    """Check ``cfg.algorithm`` as core's loop will send it, before any remote call.
+
+    Builds the ``loss_config`` the loop passes to ``forward_backward``
+    (``algorithm.loss_config`` plus ``temperature``) and runs ``remote_loss``
+    on it, so a config the service cannot honour fails at start-up, not after
+    the first batch of rollouts. A config without ``algorithm`` passes.
+    """
+    algo = cfg_get(cfg, "algorithm", None)
+    if algo is None:
+        return RemoteLoss(config={})
+    loss_fn = check_loss_fn(str(cfg_get(algo, "loss", "ppo")), backend=backend)
+    raw = cfg_get(algo, "loss_config", None) or {}
+    loss_config = {str(k): float(v) for k, v in dict(raw).items()}
+    loss_config.setdefault("temperature", float(cfg_get(algo, "temperature", 1.0)))
+    return remote_loss(
+        loss_fn, loss_config, backend=backend, forwards_temperature=forwards_temperature, docs=docs
+    )
 
 
 def finish_reason(stop_reason: Any) -> FinishReason:

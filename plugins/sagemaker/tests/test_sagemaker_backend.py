@@ -299,3 +299,91 @@ def test_missing_sagemaker_core_names_the_install(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "sagemaker.core", None)  # as if not installed
     with pytest.raises(ConfigError, match="pip install --no-deps 'sagemaker-train"):
         backend_mod.make_service_client(backend_mod.validate_config(_cfg().backend))
+
+
+def _full_cfg(**algorithm: Any) -> Any:
+    """Backend and algorithm nodes, as ``core.train`` hands them to the factory."""
+    from core.trainer.config import AlgorithmConfig
+
+    cfg = _cfg()
+    cfg.algorithm = OmegaConf.structured(AlgorithmConfig)
+    for key, value in algorithm.items():
+        OmegaConf.update(cfg, f"algorithm.{key}", value)
+    return cfg
+
+
+def test_training_temperature_reaches_every_datum(backend: SageMakerBackend, aws: FakeControlPlane) -> None:
+    """SageMaker takes ``temperature`` as a loss input: at 0.7 every RL datum carries it,
+    so the service can temper its logprobs as the sampler did; at 1.0 and for
+    cross_entropy nothing extra is sent."""
+
+    async def body() -> None:
+        await backend.forward_backward([_datum(), _datum()], "ppo", {"temperature": 0.7})
+        await backend.forward_backward([_datum()], "ppo", {"temperature": 1.0})
+        await backend.forward_backward([_datum()], "cross_entropy", {"temperature": 0.7})
+        await backend.aclose()
+
+    asyncio.run(body())
+    (_, tempered, _), (_, plain, _), (_, ce, _) = aws.runtime.log.training
+    for wire in tempered["datumList"]:
+        assert wire["lossFnInputs"]["temperature"] == {"data": [0.7], "dtype": "float32", "shape": [1]}
+    assert "temperature" not in tempered["lossFnConfig"]  # the service rejects unknown config keys
+    assert "temperature" not in plain["datumList"][0]["lossFnInputs"]
+    assert "temperature" not in ce["datumList"][0]["lossFnInputs"]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "named"),
+    [
+        ({"loss_config": {"clip_low": 0.2, "clip_high": 9.5}}, "clip_high_threshold"),
+        ({"loss_config": {"clip_low": 0.2, "entropy_coef": 0.01}}, "entropy_coef"),
+        ({"loss_config": {"clip_low": 0.2, "kl_coef": 0.1}}, "kl_coef"),
+        ({"temperature": 0.0}, "> 0"),
+    ],
+)
+def test_unsupported_loss_settings_fail_before_aws(
+    algorithm: dict[str, Any], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called: list[Any] = []
+    monkeypatch.setattr(backend_mod, "make_service_client", lambda resolved: called.append(resolved))
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=named):
+        SageMakerBackend.from_config(_full_cfg(**algorithm))
+    assert time.monotonic() - start < 1.0
+    assert called == []
+
+
+def test_a_tempered_config_starts(aws: FakeControlPlane) -> None:
+    backend = SageMakerBackend.from_config(_full_cfg(temperature=0.7, loss="cispo"))
+    asyncio.run(backend.aclose())
+
+
+def test_cispo_sends_both_bounds_with_core_defaults(backend: SageMakerBackend, aws: FakeControlPlane) -> None:
+    asyncio.run(backend.forward_backward([_datum()], "cispo", {"clip_high": 0.28}))
+    asyncio.run(backend.aclose())
+    fb = aws.runtime.log.training[0][1]
+    assert fb["lossFnConfig"] == pytest.approx({"clip_low_threshold": 0.0, "clip_high_threshold": 1.28})
+
+
+def test_parity_batch_reaches_the_wire_unchanged(backend: SageMakerBackend, aws: FakeControlPlane) -> None:
+    """core.testing.parity through core's own datum step, then the SDK's serialisation:
+    advantages and weights of each trained row reach the wire as specified (shifted
+    by one), and no row of a failed rollout is sent."""
+    from types import SimpleNamespace
+
+    from core.testing.parity import expected_token_advantages, parity_batch
+    from core.trainer.loop import Trainer
+
+    batch = parity_batch()
+    algo = OmegaConf.create({"normalize_std": True, "exclude_failed": True, "token_mean_over": "batch"})
+    datums, _ = Trainer._datums(SimpleNamespace(algo=algo), batch)  # type: ignore[arg-type]
+    expected = expected_token_advantages(batch)
+    masks = {(r.request.rollout_id, row.row_index): row.loss_mask for r in batch for row in r.rows}
+    asyncio.run(backend.forward_backward(datums, "ppo", {"clip_low": 0.2, "clip_high": 0.2}))
+    asyncio.run(backend.aclose())
+    wire = aws.runtime.log.training[0][1]["datumList"]
+    assert len(wire) == len(expected)
+    for sent, key in zip(wire, expected, strict=True):
+        inputs = sent["lossFnInputs"]
+        assert inputs["advantages"]["data"] == pytest.approx(expected[key][1:], abs=1e-6), key
+        assert inputs["weights"]["data"] == [float(m) for m in masks[key][1:]], key

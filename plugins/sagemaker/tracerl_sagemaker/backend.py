@@ -6,6 +6,10 @@ Tinker's shape with its own pydantic types. Differences handled here:
 - **Every loss requires ``weights``**, RL losses included (Tinker's RL losses
   take none), so each datum carries ``target_tokens``, ``weights`` and, for
   RL losses, ``logprobs`` and ``advantages``; the SDK checks this client-side.
+- **Temperature** is a per-datum loss input here (``lossFnInputs["temperature"]``,
+  listed by the API reference), so with an RL loss and ``algorithm.temperature
+  != 1`` every datum carries it as one float32 value (shape ``[1]``); at 1.0 it
+  is not sent. ``lossFnConfig`` takes only the two clip thresholds.
 - ``ForwardBackwardOutput`` has service metrics (``actor/pg_loss``...) and no
   per-token trainer logprobs, so ``ForwardBackwardResult.logprobs`` stays empty.
 - ``AdamParams`` has different defaults (beta2 0.999, eps 1e-8, weight decay
@@ -29,16 +33,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.backends_common import (
-    CLIP_KEYS,
+    RemoteLoss,
     SamplerSlot,
     await_result,
     call_blocking,
     cfg_get,
+    check_algorithm,
     check_loss_fn,
-    clip_thresholds,
     loss_inputs,
     masked_advantages,
     missing_keys_error,
+    remote_loss,
 )
 from core.errors import ConfigError, TrainingError
 from core.interfaces import LossName
@@ -50,8 +55,12 @@ logger = logging.getLogger(__name__)
 DOCS = "docs/backends/sagemaker.md"
 RL_KEYS = ("target_tokens", "weights", "logprobs", "advantages")
 CE_KEYS = ("target_tokens", "weights")
-LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"ppo": CLIP_KEYS, "cispo": CLIP_KEYS}
-"""``loss_fn_config`` keys the service takes per loss; others (core's ``temperature``) are dropped."""
+FORWARDS_TEMPERATURE = True
+"""The service takes ``temperature`` as a per-datum loss input (API reference, ``Datum``:
+supported ``lossFnInputs`` keys include ``temperature``), so core's training
+temperature is forwarded rather than refused."""
+CLIP_HIGH_THRESHOLD_MAX = 10.0
+"""``lossFnConfig.clip_high_threshold`` must lie in [1, 10] (API reference)."""
 LOSS_METRIC_KEYS = ("loss", "actor/pg_loss", "loss:sum", "actor/loss")
 LIGHT_INSTALL = (
     "pip install --no-deps 'sagemaker-train>=1.27,<2' && pip install -e 'plugins/sagemaker[aws]'"
@@ -140,19 +149,44 @@ def make_service_client(resolved: dict[str, Any]) -> Any:
     )
 
 
-def sagemaker_datum(datum: Datum, loss_fn: str) -> Any:
-    """A typed SDK ``Datum`` for ``loss_fn`` (every loss gets ``weights``)."""
+def sagemaker_loss(loss_fn: str, loss_config: dict[str, float] | None) -> RemoteLoss:
+    """Core's loss settings as SageMaker takes them (``ConfigError`` before anything is sent)."""
+    return _check_bounds(
+        remote_loss(
+            loss_fn, loss_config, backend="sagemaker", forwards_temperature=FORWARDS_TEMPERATURE, docs=DOCS
+        )
+    )
+
+
+def _check_bounds(loss: RemoteLoss) -> RemoteLoss:
+    high = loss.config.get("clip_high_threshold", 1.0)
+    if not 1.0 <= high <= CLIP_HIGH_THRESHOLD_MAX:
+        raise ConfigError(
+            f"SageMaker takes clip_high_threshold in [1, {CLIP_HIGH_THRESHOLD_MAX:g}], got {high!r} "
+            "(algorithm.loss_config.clip_high must be at most 9). Nothing was sent to the service."
+        )
+    return loss
+
+
+def sagemaker_datum(datum: Datum, loss_fn: str, temperature: float = 1.0) -> Any:
+    """A typed SDK ``Datum`` for ``loss_fn`` (every loss gets ``weights``; RL losses
+    get ``temperature`` when it is not 1.0)."""
     from sagemaker.train.training_session import Datum as SMDatum
     from sagemaker.train.training_session import ModelInput, TensorData, TensorDtype
 
     keys = CE_KEYS if loss_fn == "cross_entropy" else RL_KEYS
     arrays = loss_inputs(datum, keys, overrides={"advantages": masked_advantages(datum)})
+    inputs = {
+        key: TensorData(data=a.data, dtype=TensorDtype(a.dtype), shape=a.shape)
+        for key, a in arrays.items()
+    }
+    if temperature != 1.0 and loss_fn != "cross_entropy":
+        inputs["temperature"] = TensorData(
+            data=[float(temperature)], dtype=TensorDtype.FLOAT32, shape=[1]
+        )
     return SMDatum(
         model_input=ModelInput.from_ints([int(t) for t in datum.model_input]),
-        loss_fn_inputs={
-            key: TensorData(data=a.data, dtype=TensorDtype(a.dtype), shape=a.shape)
-            for key, a in arrays.items()
-        },
+        loss_fn_inputs=inputs,
     )
 
 
@@ -200,6 +234,10 @@ class SageMakerBackend:
         """
         node = cfg_get(cfg, "backend", None) or cfg
         resolved = validate_config(node)
+        # what the loop will send, checked before AWS is touched
+        _check_bounds(
+            check_algorithm(cfg, backend="sagemaker", forwards_temperature=FORWARDS_TEMPERATURE, docs=DOCS)
+        )
         try:
             import sagemaker.train.training_session  # noqa: F401
         except ImportError as exc:
@@ -304,8 +342,9 @@ class SageMakerBackend:
     ) -> ForwardBackwardResult:
         """Send typed SDK datums to the session's ``forward_backward`` and wait."""
         check_loss_fn(loss_fn, backend=self.name)
-        batch = [sagemaker_datum(d, loss_fn) for d in datums]
-        config = clip_thresholds(loss_fn, loss_config, LOSS_CONFIG_KEYS)
+        loss = sagemaker_loss(loss_fn, loss_config)
+        batch = [sagemaker_datum(d, loss_fn, loss.temperature) for d in datums]
+        config = loss.config
         out = await self._call(
             lambda: self._training.forward_backward(batch, loss_fn, loss_fn_config=config or None),
             "sagemaker forward_backward",

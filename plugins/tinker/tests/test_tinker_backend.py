@@ -322,3 +322,88 @@ def test_real_service_client_is_lazy() -> None:
     assert time.monotonic() - start < 1.0
     assert type(client).__name__ == "ServiceClient"
     assert os.environ.get("TINKER_API_KEY") != "tml-offline"
+
+
+def _full_cfg(**algorithm: Any) -> Any:
+    """Backend and algorithm nodes, as ``core.train`` hands them to the factory."""
+    from core.trainer.config import AlgorithmConfig
+
+    cfg = _cfg()
+    cfg.algorithm = OmegaConf.structured(AlgorithmConfig)
+    for key, value in algorithm.items():
+        OmegaConf.update(cfg, f"algorithm.{key}", value)
+    return cfg
+
+
+@pytest.mark.parametrize("loss", ["ppo", "cispo", "importance_sampling"])
+def test_training_temperature_is_refused_before_any_remote_call(
+    loss: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tinker cannot temper its trainer logprobs: refuse instead of a mismatched ratio."""
+    called: list[Any] = []
+    monkeypatch.setattr(backend_mod, "make_service_client", lambda **kw: called.append(kw))
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        TinkerBackend.from_config(_full_cfg(temperature=0.7, loss=loss))
+    assert time.monotonic() - start < 1.0
+    assert called == []
+    assert "algorithm.temperature=0.7" in str(info.value)
+    assert "Nothing was sent" in str(info.value)
+
+
+def test_temperature_one_and_supervised_loss_start(service: FakeServiceClient) -> None:
+    asyncio.run(TinkerBackend.from_config(_full_cfg()).aclose())
+    asyncio.run(TinkerBackend.from_config(_full_cfg(temperature=0.7, loss="cross_entropy")).aclose())
+
+
+def test_forward_backward_refuses_a_temperature_and_sends_nothing(
+    backend: TinkerBackend, service: FakeServiceClient
+) -> None:
+    with pytest.raises(ConfigError, match="temperature"):
+        asyncio.run(backend.forward_backward([_datum()], "ppo", {"temperature": 0.5}))
+    with pytest.raises(ConfigError, match="entropy_coef"):
+        asyncio.run(backend.forward_backward([_datum()], "ppo", {"entropy_coef": 0.01}))
+    assert service.log.forward_backward == []
+    asyncio.run(backend.aclose())
+
+
+@pytest.mark.parametrize(
+    ("loss_config", "expected"),
+    [
+        ({"temperature": 1.0}, {"clip_low_threshold": 0.0, "clip_high_threshold": 1.2}),
+        ({"clip_high": 0.28}, {"clip_low_threshold": 0.0, "clip_high_threshold": 1.28}),
+        ({"clip_low": 0.2, "clip_high": 0.2}, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+    ],
+)
+def test_cispo_sends_both_bounds_with_core_defaults(
+    backend: TinkerBackend, service: FakeServiceClient, loss_config: dict[str, float], expected: dict[str, float]
+) -> None:
+    """Not Tinker's own CISPO default (upper bound 4.0): the local backend's, explicitly."""
+    asyncio.run(backend.forward_backward([_datum()], "cispo", loss_config))
+    assert service.log.forward_backward[0][2] == pytest.approx(expected)
+    asyncio.run(backend.aclose())
+
+
+def test_parity_batch_reaches_the_wire_unchanged(backend: TinkerBackend, service: FakeServiceClient) -> None:
+    """core.testing.parity through core's own datum step, then Tinker's datum translation:
+    each trained row's advantages reach the wire as the specification says (shifted by one,
+    masked), and no row of a failed rollout is sent."""
+    from types import SimpleNamespace
+
+    from core.testing.parity import expected_token_advantages, parity_batch
+    from core.trainer.loop import Trainer
+
+    batch = parity_batch()
+    algo = OmegaConf.create({"normalize_std": True, "exclude_failed": True, "token_mean_over": "batch"})
+    datums, _ = Trainer._datums(SimpleNamespace(algo=algo), batch)  # type: ignore[arg-type]
+    expected = expected_token_advantages(batch)
+    masks = {(r.request.rollout_id, row.row_index): row.loss_mask for r in batch for row in r.rows}
+    asyncio.run(backend.forward_backward(datums, "ppo", {"clip_low": 0.2, "clip_high": 0.2}))
+    sent = service.log.forward_backward[0][0]
+    assert len(sent) == len(expected)  # failed rollouts send nothing
+    for wire, key in zip(sent, expected, strict=True):  # dicts keep the batch order
+        adv = wire.loss_fn_inputs["advantages"].to_numpy().tolist()
+        assert adv == pytest.approx(expected[key][1:], abs=1e-6), key
+        # the mask is folded in: nothing outside the shifted loss mask
+        assert all(a == 0.0 for a, m in zip(adv, masks[key][1:], strict=True) if not m), key
+    asyncio.run(backend.aclose())

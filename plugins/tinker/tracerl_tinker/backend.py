@@ -8,6 +8,10 @@ Every Tinker call returns a future; they are awaited with ``await_result``
   ``target_tokens`` + ``logprobs`` + ``advantages`` and **no** ``weights``
   (Tinker's RL losses take none), so the loss mask is folded into the
   advantages. SageMaker differs: every loss there requires ``weights``.
+- ``forward_backward`` takes no temperature, so an RL loss at
+  ``algorithm.temperature != 1`` is refused with a ``ConfigError`` at start-up
+  (``check_algorithm``) rather than trained on a mismatched ratio.
+  ``ppo``/``cispo`` always get both ratio bounds (core's defaults filled in).
 - ``forward_backward`` returns per-token trainer ``logprobs`` per datum, so
   ``ForwardBackwardResult.logprobs`` is filled (SageMaker's is not).
 - ``save_state`` names a checkpoint and returns its ``tinker://`` path; that path
@@ -26,16 +30,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.backends_common import (
-    CLIP_KEYS,
     SamplerSlot,
     await_result,
     call_blocking,
     cfg_get,
+    check_algorithm,
     check_loss_fn,
-    clip_thresholds,
     loss_inputs,
     masked_advantages,
     missing_keys_error,
+    remote_loss,
 )
 from core.errors import ConfigError, TrainingError
 from core.interfaces import LossName
@@ -47,8 +51,10 @@ logger = logging.getLogger(__name__)
 DOCS = "docs/backends/tinker.md"
 RL_KEYS = ("target_tokens", "logprobs", "advantages")
 CE_KEYS = ("target_tokens", "weights")
-LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"ppo": CLIP_KEYS, "cispo": CLIP_KEYS}
-"""``loss_fn_config`` keys the service takes per loss; others (core's ``temperature``) are dropped."""
+FORWARDS_TEMPERATURE = False
+"""Tinker's ``forward_backward`` takes no temperature (0.38: ``loss_fn_config`` documents
+only the clip thresholds, the RL losses' inputs are ``target_tokens``, ``logprobs`` and
+``advantages``), so ``algorithm.temperature != 1`` with an RL loss is refused."""
 LOSS_METRIC_KEYS = ("loss", "loss:sum", "loss:mean")
 
 
@@ -173,6 +179,7 @@ class TinkerBackend:
         """
         node = cfg_get(cfg, "backend", None) or cfg
         resolved = validate_config(node)
+        check_algorithm(cfg, backend="tinker", forwards_temperature=FORWARDS_TEMPERATURE, docs=DOCS)
         try:
             import tinker  # noqa: F401
         except ImportError as exc:
@@ -259,8 +266,11 @@ class TinkerBackend:
     ) -> ForwardBackwardResult:
         """Send the datums to Tinker's ``forward_backward`` and wait for the gradients."""
         check_loss_fn(loss_fn, backend=self.name)
+        loss = remote_loss(
+            loss_fn, loss_config, backend=self.name, forwards_temperature=FORWARDS_TEMPERATURE, docs=DOCS
+        )
         batch = [tinker_datum(d, loss_fn) for d in datums]
-        config = clip_thresholds(loss_fn, loss_config, LOSS_CONFIG_KEYS)
+        config = loss.config
         out = await self._call(
             lambda: self._training.forward_backward(batch, loss_fn, config or None),
             "tinker forward_backward",
