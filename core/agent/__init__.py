@@ -12,15 +12,20 @@ Defines (re-exported from private modules):
 - ``ModelConfig``: the gateway URL, model id, api key and sampling params of a payload.
 - ``RequestContext``: session id, invocation id and per-session working directory.
 - ``SESSION_HEADER``: the session header name.
+- ``TOKEN_ENV`` / ``TOKEN_HEADER``: the invocation token a server demands when the
+  variable is set, and the header that carries it.
 """
 
 from __future__ import annotations
 
 from core.agent._app import AgentApp, AgentCoreRLApp, AgentCoreRuntimeApp, RequestContext
+from core.agent._auth import TOKEN_ENV, TOKEN_HEADER
 from core.agent._protocol import SESSION_HEADER, ModelConfig
 
 __all__ = [
     "SESSION_HEADER",
+    "TOKEN_ENV",
+    "TOKEN_HEADER",
     "AgentApp",
     "AgentCoreRLApp",
     "AgentCoreRuntimeApp",

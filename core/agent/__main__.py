@@ -5,12 +5,17 @@ agentcore-rl-toolkit ``AgentCoreRLApp``, which is a Starlette app), so agents
 written for the toolkit run unchanged. ``--port 0`` binds a free port; with
 ``--port-file`` the bound port is written there once the socket listens,
 which is how the local runtime learns it without racing for ports.
+
+The server listens on loopback unless ``--host`` says otherwise (a container
+passes ``--host 0.0.0.0``). With ``$TRACERL_AGENT_TOKEN`` set, every request
+but ``GET /ping`` must carry it in ``X-Tracerl-Agent-Token`` or gets 401.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import os
 import socket
 import sys
@@ -18,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from core.agent._auth import TOKEN_ENV, TOKEN_HEADER, guard, token_from_env
 from core.agent._reap import kill_tree
 
 
@@ -42,6 +48,13 @@ def load_app(spec: str) -> Any:
     if not callable(obj):
         raise ValueError(f"{spec!r} is a {type(obj).__name__}, not an ASGI app")
     return obj
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _exit_with_parent(pid: int) -> None:
@@ -77,7 +90,11 @@ def _exit_with_parent(pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.agent", description=__doc__)
     parser.add_argument("app", help="the agent app as module:attribute")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default loopback; containers pass 0.0.0.0)",
+    )
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--port-file", default="", help="write the bound port here")
     parser.add_argument("--log-level", default="warning")
@@ -95,6 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     app = load_app(args.app)
+    token = token_from_env()
+    if not token and not _is_loopback(args.host):
+        print(
+            f"warning: serving {args.app} on {args.host} without {TOKEN_ENV}: anyone who can reach "
+            "this port can invoke the agent. Set a token (and send it as "
+            f"{TOKEN_HEADER}) unless the network in front authenticates callers, as "
+            "AgentCore Runtime does.",
+            file=sys.stderr,
+        )
+    app = guard(app, token)
 
     import uvicorn
 

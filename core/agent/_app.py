@@ -37,6 +37,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from core.agent._auth import TOKEN_HEADER, guard
 from core.agent._protocol import (
     ENVELOPE_KEY,
     ROLLOUT_KEY,
@@ -235,6 +236,7 @@ class AgentApp:
             )
         session_id = request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
         headers = dict(request.headers)
+        headers.pop(TOKEN_HEADER.lower(), None)  # the handler has no use for it; keep it out of logs
         if ENVELOPE_KEY in payload:
             try:
                 op = InvocationOp.parse(payload[ENVELOPE_KEY])
@@ -432,11 +434,19 @@ class AgentApp:
 
     # -- serving ----------------------------------------------------------------------
 
-    def run(self, host: str = "0.0.0.0", port: int = 8080, **uvicorn_kwargs: Any) -> None:
-        """Serve with uvicorn on AgentCore's default port (``app.run()`` as the toolkit has it)."""
+    def run(self, host: str | None = None, port: int = 8080, **uvicorn_kwargs: Any) -> None:
+        """Serve with uvicorn on AgentCore's default port (``app.run()`` as the toolkit has it).
+
+        ``host`` defaults to loopback, or to ``0.0.0.0`` inside a container (as
+        bedrock-agentcore's ``app.run()`` decides), where the port must be reachable
+        from outside. ``$TRACERL_AGENT_TOKEN``, when set, guards ``/invocations``.
+        """
         import uvicorn  # lazy: importing an agent module must not start a server stack
 
-        uvicorn.run(self, host=host, port=port, **uvicorn_kwargs)
+        if host is None:
+            in_container = os.path.exists("/.dockerenv") or bool(os.environ.get("DOCKER_CONTAINER"))
+            host = "0.0.0.0" if in_container else "127.0.0.1"
+        uvicorn.run(guard(self), host=host, port=port, **uvicorn_kwargs)
 
 
 class AgentCoreRLApp(AgentApp):

@@ -97,7 +97,11 @@ class HttpChannel:
         return await self.client.post(
             f"{inv.proc.base_url}/invocations",
             content=json.dumps(body),
-            headers={SESSION_HEADER: inv.session_id, "content-type": "application/json"},
+            headers={
+                SESSION_HEADER: inv.session_id,
+                "content-type": "application/json",
+                **inv.proc.auth_headers,
+            },
             timeout=timeout,
         )
 
@@ -207,7 +211,11 @@ class S3Channel:
         r = await self.client.post(
             f"{inv.proc.base_url}/invocations",
             content=json.dumps({**inv.payload, ROLLOUT_KEY: rollout}),
-            headers={SESSION_HEADER: inv.session_id, "content-type": "application/json"},
+            headers={
+                SESSION_HEADER: inv.session_id,
+                "content-type": "application/json",
+                **inv.proc.auth_headers,
+            },
             timeout=30.0,
         )
         reply = _check_reply(r, "rollout request")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from core.agent._auth import TOKEN_ENV, TOKEN_HEADER
 from core.agent._reap import descendants, kill_pids
 from core.errors import RuntimeStartError
 from core.http import HTTPClient
@@ -67,6 +69,8 @@ class AgentProcess:
         self.in_flight = 0
         self.restarts = 0
         self.healthy = False
+        self.token = ""
+        """The invocation token of the current spawn (a new one per spawn)."""
         self.speaks_tracerl = False
         """Set once the process answered like a ``core.agent`` server (long-poll on start)."""
         self._restart_lock = asyncio.Lock()
@@ -75,6 +79,11 @@ class AgentProcess:
     def base_url(self) -> str:
         """``http://host:port`` of the running server."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """Headers that authorise a request to the running server."""
+        return {TOKEN_HEADER: self.token}
 
     @property
     def pid(self) -> int | None:
@@ -97,6 +106,8 @@ class AgentProcess:
             p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p
         )
         env["TRACERL_AGENT_WORKDIR_ROOT"] = str(self.sessions_dir)
+        self.token = secrets.token_urlsafe(32)
+        env[TOKEN_ENV] = self.token
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [self.python, "-m", "core.agent", self.agent, "--host", self.host]
         cmd += ["--port", "0", "--port-file", str(self.port_file), "--parent-pid", str(os.getpid())]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
-from core.agent import SESSION_HEADER, AgentApp, AgentCoreRuntimeApp, ModelConfig, RequestContext
+from core.agent import (
+    SESSION_HEADER,
+    TOKEN_ENV,
+    TOKEN_HEADER,
+    AgentApp,
+    AgentCoreRuntimeApp,
+    ModelConfig,
+    RequestContext,
+)
+from core.agent._auth import guard
 
 ENV = "_agentcore_runtime"
 
@@ -231,3 +242,91 @@ def test_cli_rejects_a_bad_agent_spec() -> None:
     )
     assert proc.returncode != 0
     assert "module:attribute" in proc.stderr
+
+
+def test_token_guard_refuses_invocations_without_the_token() -> None:
+    """With a token, /invocations needs it (401 otherwise); /ping stays open for health checks."""
+    app = AgentApp()
+    seen: list[dict[str, str]] = []
+
+    @app.entrypoint
+    def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        seen.append(dict(context.request_headers))
+        return {"reward": 1.0}
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=guard(app, "s3cret"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as client:
+            start = _op("start", "t", background=False)
+            bare = await _post(client, start)
+            assert bare.status_code == 401 and TOKEN_HEADER in bare.json()["error"]
+            wrong = await client.post(
+                "/invocations",
+                content=json.dumps(start),
+                headers={SESSION_HEADER: "s1", TOKEN_HEADER: "guess"},
+            )
+            assert wrong.status_code == 401
+            assert seen == [], "the handler must not run for a refused request"
+            assert (await client.get("/ping")).status_code == 200
+            ok = await client.post(
+                "/invocations",
+                content=json.dumps(start),
+                headers={SESSION_HEADER: "s1", TOKEN_HEADER: "s3cret"},
+            )
+            assert ok.status_code == 200 and ok.json()["result"] == {"reward": 1.0}
+            assert seen and TOKEN_HEADER.lower() not in seen[0], "the handler never sees the token"
+
+    asyncio.run(main())
+    assert guard(app, "") is app  # no token: nothing in front of the app
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """Local addresses of the sockets listening on ``port``, read from /proc/net/tcp."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        host_hex, port_hex = local.split(":")
+        if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+            found.append(".".join(str(b) for b in reversed(bytes.fromhex(host_hex))))
+    return found
+
+
+@pytest.mark.integration
+def test_cli_binds_loopback_by_default_and_demands_the_env_token(tmp_path: Path) -> None:
+    """A real ``python -m core.agent``: loopback unless told otherwise, 401 without the token."""
+    (tmp_path / "tiny_agent.py").write_text(
+        "from core.agent import AgentApp\n"
+        "app = AgentApp(background=False)\n"
+        "app.entrypoint(lambda payload: {'reward': 0.5})\n"
+    )
+    port_file = tmp_path / "port"
+    env = {**os.environ, TOKEN_ENV: "tok-123", "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core.agent", "tiny_agent:app", "--port", "0"]
+        + ["--port-file", str(port_file)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        assert _listening_addresses(port) == ["127.0.0.1"]
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, trust_env=False) as client:
+            while True:
+                try:
+                    assert client.get("/ping").status_code == 200
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "the agent never answered /ping"
+                    time.sleep(0.05)
+            assert client.post("/invocations", json={"q": 1}).status_code == 401
+            r = client.post("/invocations", json={"q": 1}, headers={TOKEN_HEADER: "tok-123"})
+            assert r.status_code == 200 and r.json() == {"reward": 0.5}
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -8,10 +8,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 from local_runtime_helpers import agent_env, make_request
 from omegaconf import OmegaConf
 
+from core.agent import TOKEN_HEADER
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime.config import LocalRuntimeConfig
 from core.runtime.local import LocalRuntime
@@ -319,3 +321,22 @@ def test_registered_as_the_local_runtime_plugin() -> None:
         }
     )
     assert isinstance(spec.factory(cfg), LocalRuntime)
+
+
+def test_agents_listen_on_loopback_and_demand_the_runtime_token() -> None:
+    """Pool processes refuse invocations without their token; the runtime's own rollouts pass."""
+
+    async def body(rt: LocalRuntime) -> None:
+        proc = rt.processes[0]
+        assert proc.host == "127.0.0.1"
+        payload = {"mode": "ok", "_config": {"base_url": "http://127.0.0.1:9/v1"}}
+        async with httpx.AsyncClient(trust_env=False) as client:
+            r = await client.post(f"{proc.base_url}/invocations", json=payload)
+            assert r.status_code == 401 and TOKEN_HEADER in r.text
+            assert (await client.get(f"{proc.base_url}/ping")).status_code == 200
+        tokens = {p.token for p in rt.processes}
+        assert len(tokens) == 2 and all(len(t) >= 32 for t in tokens), "one fresh token per process"
+        res = await rt.run_rollout(make_request({"reward": 0.25}))
+        assert res.status is RolloutStatus.OK and res.reward == 0.25
+
+    run_with(body)

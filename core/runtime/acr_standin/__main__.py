@@ -8,8 +8,10 @@ runtime.agent_runtime_arn=<any runtime ARN>``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from core.agent._auth import TOKEN_ENV
 from core.runtime.acr_standin._app import AcrStandIn
 from core.runtime.acr_standin._server import EXAMPLE_ARN
 
@@ -18,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.runtime.acr_standin", description=__doc__)
     parser.add_argument("agent", nargs="?", default="", help="agent app as module:attr (one process per session)")
     parser.add_argument("--agent-url", default="", help="forward to an agent already listening (e.g. a container)")
+    parser.add_argument(
+        "--agent-token",
+        default=os.environ.get(TOKEN_ENV, ""),
+        help=f"token the --agent-url agent demands (default ${TOKEN_ENV})",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--tps-limit", type=float, default=25.0, help="answer 429 above this rate (0: off)")
@@ -32,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     standin = AcrStandIn(
         agent=args.agent,
         agent_url=args.agent_url,
+        agent_token=args.agent_token,
         tps_limit=args.tps_limit,
         cold_start_failures=args.cold_start_failures,
         startup_timeout_s=args.startup_timeout,

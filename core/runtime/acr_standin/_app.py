@@ -42,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from core.agent._auth import TOKEN_HEADER
 from core.agent._protocol import SESSION_HEADER
 from core.runtime._process import AgentProcess
 
@@ -87,6 +88,9 @@ class AcrStandIn:
         agent: ``module:attr`` of an agent app; each session gets its own process.
         agent_url: Base URL of an agent already listening (e.g. a container run
             with ``docker run -p 8080:8080``); all sessions share it.
+        agent_token: Invocation token that agent demands (``$TRACERL_AGENT_TOKEN``
+            in its environment), sent as ``X-Tracerl-Agent-Token``. Agent
+            processes the stand-in starts get a fresh token each.
         app: An ASGI agent app served in this process (fast; for tests).
         arn: Only this runtime ARN is served (404 for others); empty serves any.
         env: Extra environment for agent processes (e.g. ``AWS_ENDPOINT_URL_S3``).
@@ -105,6 +109,7 @@ class AcrStandIn:
         *,
         agent: str = "",
         agent_url: str = "",
+        agent_token: str = "",
         app: Any = None,
         arn: str = "",
         env: dict[str, str] | None = None,
@@ -118,6 +123,7 @@ class AcrStandIn:
             raise ValueError("give exactly one of agent='module:attr', agent_url=... or app=...")
         self.agent = agent
         self.agent_url = agent_url.rstrip("/")
+        self.agent_token = agent_token
         self.agent_app = app
         self.arn = arn
         self.env = dict(env or {})
@@ -291,15 +297,16 @@ class AcrStandIn:
                 ),
             )
         assert self._client is not None
+        headers = {
+            SESSION_HEADER: session_id,
+            "content-type": request.headers.get("content-type", "application/json"),
+        }
+        if s.proc is not None:
+            headers.update(s.proc.auth_headers)
+        elif self.agent_token:
+            headers[TOKEN_HEADER] = self.agent_token
         try:
-            r = await self._client.post(
-                f"{base}/invocations",
-                content=body,
-                headers={
-                    SESSION_HEADER: session_id,
-                    "content-type": request.headers.get("content-type", "application/json"),
-                },
-            )
+            r = await self._client.post(f"{base}/invocations", content=body, headers=headers)
         except httpx.HTTPError as exc:
             return self._record(
                 "invoke", session_id, now,
