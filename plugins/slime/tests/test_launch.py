@@ -156,3 +156,74 @@ def test_loggers_resume_and_separate_rollout_gpus(tmp_path: Path) -> None:
     assert args[args.index("--rollout-num-gpus") + 1] == "4"
     assert args[args.index("--load") + 1] == "ckpt"
     assert "--use-wandb" in args and "--disable-grpo-std-normalization" in args
+
+
+def _args(tmp_path: Path, *overrides: str, loss_config: dict[str, float] | None = None) -> list[str]:
+    from omegaconf import open_dict
+
+    cfg: Any = compose_tracerl(["backend=slime", "backend.dry_run=true", *overrides])
+    if loss_config is not None:
+        with open_dict(cfg):
+            cfg.algorithm.loss_config = loss_config
+    return slime_train_args(cfg, _paths(tmp_path))
+
+
+def _value(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} appears {args.count(flag)} times in {args}"
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("name", ["grpo", "cispo"])
+def test_cispo_loss_selects_slimes_cispo(tmp_path: Path, name: str) -> None:
+    """slime trains CISPO only through --advantage-estimator cispo (there is no loss flag);
+    before, algorithm.loss=cispo with name=grpo trained PPO-clip."""
+    args = _args(tmp_path, "algorithm.loss=cispo", f"algorithm.name={name}", loss_config={})
+    assert _value(args, "--advantage-estimator") == "cispo"
+    # core's CISPO default: no lower clip (eps 1.0, slime's canonical setting), upper 0.2
+    assert (_value(args, "--eps-clip"), _value(args, "--eps-clip-high")) == ("1.0", "0.2")
+
+
+def test_cispo_honours_a_given_clip_low(tmp_path: Path) -> None:
+    args = _args(tmp_path, "algorithm.loss=cispo", loss_config={"clip_low": 0.3, "clip_high": 3.0})
+    assert (_value(args, "--eps-clip"), _value(args, "--eps-clip-high")) == ("0.3", "3.0")
+
+
+def test_ppo_defaults_and_ratio_bounds(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    assert _value(args, "--advantage-estimator") == "grpo"
+    assert (_value(args, "--eps-clip"), _value(args, "--eps-clip-high")) == ("0.2", "0.2")
+    args = _args(tmp_path, loss_config={"clip_low_threshold": 0.7, "clip_high_threshold": 1.28})
+    assert (_value(args, "--eps-clip"), _value(args, "--eps-clip-high")) == ("0.3", "0.28")
+
+
+def test_entropy_and_token_mean_are_translated(tmp_path: Path) -> None:
+    args = _args(tmp_path, "+algorithm.loss_config.entropy_coef=0.01")
+    assert _value(args, "--entropy-coef") == "0.01"
+    # core's default token mean over the whole step is slime's per-token loss
+    assert "--calculate-per-token-loss" in args
+    assert "--entropy-coef" not in _args(tmp_path)
+
+
+def test_one_temperature_samples_and_trains(tmp_path: Path) -> None:
+    """slime tempers its training logprobs with --rollout-temperature: it is algorithm.temperature."""
+    args = _args(tmp_path, "algorithm.temperature=0.7", "+algorithm.loss_config.temperature=0.7")
+    assert _value(args, "--rollout-temperature") == "0.7"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["algorithm.loss=cispo", "algorithm.name=gspo"], "--advantage-estimator cispo"),
+        (["algorithm.name=cispo"], "algorithm.loss=cispo"),
+        (["algorithm.loss=importance_sampling"], "algorithm.loss='importance_sampling'"),
+        (["+algorithm.loss_config.temperature=0.5"], "one temperature"),
+        (["+algorithm.loss_config.top_p=0.9"], "top_p"),
+        (["+algorithm.loss_config.kl_coef=0.1"], "kl_coef"),
+        (["algorithm.token_mean_over=trained"], "token_mean_over"),
+    ],
+)
+def test_settings_slime_would_ignore_are_refused(
+    tmp_path: Path, overrides: list[str], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(match)):
+        _args(tmp_path, *overrides)

@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from core.backends_common import CLIP_DEFAULTS, NEUTRAL_SETTINGS
 from core.errors import ConfigError
 
 GENERATE_PATH = "tracerl_slime.generate.generate"
@@ -24,6 +25,14 @@ REWARD_POST_PROCESS_PATH = "tracerl_slime.rewards.post_process_rewards"
 """``--custom-reward-post-process-path``."""
 ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 """``algorithm.name`` values slime accepts as ``--advantage-estimator``."""
+CISPO_ESTIMATORS = ("grpo", "cispo")
+"""``algorithm.name`` values that combine with ``algorithm.loss=cispo``.
+
+slime has no loss flag for CISPO: ``--advantage-estimator cispo`` selects it
+(GRPO's advantages, then ``compute_cispo_loss`` instead of the PPO-clip loss;
+``slime/backends/megatron_utils/loss.py`` lines 763 and 1035 at THUDM/slime
+624b824a898ab0ec1fcb4d373004c7f3852bf515). ``--loss-type`` only picks between
+``policy_loss``, ``sft_loss`` and ``custom_loss``."""
 SLIME_DIR_PLACEHOLDER = "$SLIME_DIR"
 """Written in place of the slime checkout when neither ``backend.slime_dir`` nor ``$SLIME_DIR`` is set."""
 
@@ -53,6 +62,110 @@ def _flag(name: str, value: Any) -> list[str]:
     return [f"--{name}", str(value)]
 
 
+def estimator_for(algorithm: Any) -> str:
+    """slime's ``--advantage-estimator`` for ``algorithm.name`` and ``algorithm.loss``.
+
+    slime picks the policy loss from the estimator (see ``CISPO_ESTIMATORS``), so
+    ``loss=cispo`` becomes ``--advantage-estimator cispo`` and the estimator
+    ``cispo`` is refused with ``loss=ppo`` (it would train CISPO).
+
+    Raises:
+        ConfigError: a name/loss pair slime cannot train as written.
+    """
+    name, loss = str(algorithm.name), str(algorithm.loss)
+    if name not in ESTIMATORS:
+        raise ConfigError(
+            f"algorithm.name={name!r} is not a slime advantage estimator; use one of {ESTIMATORS}"
+        )
+    if loss == "cispo":
+        if name not in CISPO_ESTIMATORS:
+            raise ConfigError(
+                f"algorithm.loss=cispo with algorithm.name={name!r}: slime trains CISPO only as "
+                "--advantage-estimator cispo (GRPO advantages); set algorithm.name=grpo or cispo, "
+                "or algorithm.loss=ppo"
+            )
+        return "cispo"
+    if loss == "ppo":
+        if name == "cispo":
+            raise ConfigError(
+                "algorithm.name=cispo makes slime train the CISPO loss, but algorithm.loss=ppo; "
+                "set algorithm.loss=cispo (or algorithm.name=grpo for PPO-clip)"
+            )
+        return name
+    raise ConfigError(
+        f"algorithm.loss={loss!r}: the slime backend trains slime's policy loss, ppo (PPO-clip) or "
+        "cispo; set algorithm.loss=ppo or cispo, or pick slime's loss with "
+        "backend.extra_args=[--loss-type,...]"
+    )
+
+
+def loss_flags(algorithm: Any) -> list[str]:
+    """slime flags for ``algorithm.loss_config`` and the token mean; refuses what slime lacks.
+
+    - ``clip_low`` / ``clip_high`` (defaults per loss as in core, ``CLIP_DEFAULTS``:
+      CISPO has no lower clip unless asked) -> ``--eps-clip`` / ``--eps-clip-high``;
+      ratio bounds ``clip_low_threshold`` / ``clip_high_threshold`` are converted;
+    - ``entropy_coef`` -> ``--entropy-coef``;
+    - ``temperature``: slime tempers its training logprobs with ``--rollout-temperature``
+      (``get_responses``, loss.py line 133 at the pinned commit), which is
+      ``algorithm.temperature``; a different ``loss_config.temperature`` is refused;
+    - ``top_k`` / ``top_p`` other than off: refused (slime's trainer does not apply them);
+    - ``algorithm.token_mean_over=batch`` -> ``--calculate-per-token-loss`` (one mean over
+      every trained token of the step, as core); ``trained`` has no slime equivalent.
+
+    Raises:
+        ConfigError: an unknown key or a setting slime would silently ignore.
+    """
+    loss = str(algorithm.loss)
+    given = {str(k): float(v) for k, v in dict(algorithm.loss_config or {}).items()}
+    known = {"clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold", *NEUTRAL_SETTINGS}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(
+            f"algorithm.loss_config keys {unknown} have no slime equivalent; known keys: "
+            f"{sorted(known)} (raw slime flags go in backend.extra_args)"
+        )
+    temperature = given.get("temperature", float(algorithm.temperature))
+    if temperature != float(algorithm.temperature):
+        raise ConfigError(
+            f"algorithm.loss_config.temperature={temperature!r} differs from algorithm.temperature="
+            f"{float(algorithm.temperature)!r}: slime samples and trains at one temperature "
+            "(--rollout-temperature); remove loss_config.temperature"
+        )
+    for key in ("top_k", "top_p"):
+        if key in given and given[key] != NEUTRAL_SETTINGS[key]:
+            raise ConfigError(
+                f"algorithm.loss_config.{key}={given[key]!r}: slime's trainer does not apply {key} to "
+                "its logprobs; remove it (set slime's sampling with --rollout-top-p/--rollout-top-k "
+                "in backend.extra_args if you must, knowing the ratio will not account for it)"
+            )
+    eps = dict(CLIP_DEFAULTS.get(loss, CLIP_DEFAULTS["ppo"]))
+    eps.update({k: v for k, v in given.items() if k in ("clip_low", "clip_high")})
+    if "clip_low_threshold" in given:
+        eps["clip_low"] = round(1.0 - given["clip_low_threshold"], 12)
+    if "clip_high_threshold" in given:
+        eps["clip_high"] = round(given["clip_high_threshold"] - 1.0, 12)
+    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
+        raise ConfigError(
+            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
+            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
+        )
+    out = _flag("eps-clip", eps["clip_low"]) + _flag("eps-clip-high", eps["clip_high"])
+    if given.get("entropy_coef", 0.0):
+        out += _flag("entropy-coef", given["entropy_coef"])
+    mean_over = str(algorithm.get("token_mean_over", "batch"))
+    if mean_over == "batch":
+        out.append("--calculate-per-token-loss")
+    else:
+        raise ConfigError(
+            f"algorithm.token_mean_over={mean_over!r} has no slime equivalent: slime averages over "
+            "every trained token of the step (--calculate-per-token-loss, what token_mean_over=batch "
+            "emits) or per rollout (its default, pass backend.extra_args to change the reducer); "
+            "set algorithm.token_mean_over=batch"
+        )
+    return out
+
+
 def slime_train_args(cfg: Any, paths: LaunchPaths) -> list[str]:
     """The arguments of slime's ``train.py`` for the composed tracerl config.
 
@@ -61,16 +174,7 @@ def slime_train_args(cfg: Any, paths: LaunchPaths) -> list[str]:
             raw flag to pass through ``backend.extra_args`` instead).
     """
     b, t, a = cfg.backend, cfg.trainer, cfg.algorithm
-    if str(a.name) not in ESTIMATORS:
-        raise ConfigError(
-            f"algorithm.name={a.name!r} is not a slime advantage estimator; use one of {ESTIMATORS}"
-        )
-    if str(a.loss) not in ("ppo", "cispo"):
-        raise ConfigError(
-            f"algorithm.loss={a.loss!r}: the slime backend trains with slime's clipped policy loss; set "
-            "algorithm.loss=ppo (or algorithm.name=cispo), or pick slime's loss with "
-            "backend.extra_args=[--loss-type,...]"
-        )
+    estimator = estimator_for(a)
     if int(t.batch_size) < 1 or int(t.group_size) < 1 or int(t.max_steps) < 1:
         raise ConfigError(
             "trainer.batch_size, trainer.group_size and trainer.max_steps must be >= 1"
@@ -84,7 +188,7 @@ def slime_train_args(cfg: Any, paths: LaunchPaths) -> list[str]:
             "backend.ref_load is empty: slime trains from a Megatron torch_dist checkpoint; convert the "
             "Hugging Face model with slime's tools/convert_hf_to_torch_dist.py and set backend.ref_load"
         )
-    clip = dict(a.loss_config or {})
+    algorithm_flags = loss_flags(a)
     out: list[str] = []
     # -- cluster
     out += _flag("actor-num-nodes", int(b.actor_num_nodes))
@@ -134,11 +238,10 @@ def slime_train_args(cfg: Any, paths: LaunchPaths) -> list[str]:
     if float(b.sglang_mem_fraction_static) > 0:
         out += _flag("sglang-mem-fraction-static", float(b.sglang_mem_fraction_static))
     # -- algorithm and optimizer
-    out += _flag("advantage-estimator", a.name)
+    out += _flag("advantage-estimator", estimator)
     if not bool(a.normalize_std):
         out.append("--disable-grpo-std-normalization")
-    out += _flag("eps-clip", float(clip.get("clip_low", 0.2)))
-    out += _flag("eps-clip-high", float(clip.get("clip_high", 0.2)))
+    out += algorithm_flags
     if bool(b.use_kl_loss):
         out += ["--use-kl-loss", *_flag("kl-loss-coef", float(b.kl_loss_coef))]
     if bool(b.use_tis):
