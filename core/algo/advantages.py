@@ -1,9 +1,15 @@
 """Group-relative advantages (GRPO) with failed rollouts kept out of the baseline.
 
-A failed rollout (timeout, crash, missing reward) says nothing about the
-policy's quality, so by default it is excluded from its group: it neither
-gets an advantage nor drags the group mean down. Scoring it 0.0 (what other
-toolkits do) can be asked for with ``exclude_failed=False``.
+A failed rollout (timeout, crash, missing reward, a broken model call) says
+nothing about the policy's quality, so by default it is excluded from its
+group: it neither gets an advantage nor drags the group mean down. Scoring it
+0.0 (what other toolkits do) can be asked for with ``exclude_failed=False``;
+even then a failed rollout without trace rows stays out (it has nothing to
+push down), as in the verl and slime plugins.
+
+The group statistics are computed on rewards divided by the group's largest
+``|reward|``, so no finite reward can overflow them (``1e200 ** 2`` would);
+the loop also refuses rewards above ``trainer.max_abs_reward`` earlier.
 """
 
 from __future__ import annotations
@@ -11,6 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
+
+StdKind = Literal["population", "sample"]
+STD_KINDS: tuple[str, ...] = ("population", "sample")
+"""``algorithm.std`` choices: divide squared deviations by n, or by n - 1 (verl's GRPO)."""
+
+CONSTANT_SPREAD = 1e-12
+"""A group whose rewards span no more than this has no learning signal."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,8 @@ class RolloutScore:
     """GRPO group (same prompt)."""
     reward: float | None
     """Reward when the rollout succeeded, else None."""
+    has_rows: bool = True
+    """Whether it has anything to train (a failed rollout without rows is never scored)."""
 
 
 @dataclass
@@ -40,7 +56,8 @@ class GroupStats:
     scored_failed: int = 0
     """Failed rollouts scored 0.0 (only with ``exclude_failed=False``)."""
     advantages: dict[str, float] = field(default_factory=dict)
-    """Advantage per trained rollout id."""
+    """Advantage per rollout id of the groups with a signal (lone and constant
+    groups have no entry: their advantage is 0)."""
 
 
 def compute_group_advantages(
@@ -48,6 +65,7 @@ def compute_group_advantages(
     *,
     normalize_std: bool = True,
     exclude_failed: bool = True,
+    std: str = "population",
     eps: float = 1e-4,
 ) -> GroupStats:
     """Mean-centred (optionally std-normalised) rewards per group.
@@ -55,18 +73,21 @@ def compute_group_advantages(
     Args:
         scores: Every rollout of the step, failed ones included.
         normalize_std: Divide by the group's standard deviation (+ ``eps``).
-        exclude_failed: Leave failed rollouts out; when False they count as 0.0.
+        exclude_failed: Leave failed rollouts out; when False those with rows count as 0.0.
+        std: ``population`` (n) or ``sample`` (n - 1) standard deviation.
         eps: Added to the standard deviation.
 
     Returns:
-        ``GroupStats`` with an advantage for each rollout that trains.
+        ``GroupStats`` with an advantage for each rollout of a group with signal.
     """
+    if std not in STD_KINDS:
+        raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
     by_group: dict[str, list[tuple[str, float]]] = {}
     stats = GroupStats()
     for s in scores:
         group = by_group.setdefault(s.group_id, [])
         if s.reward is None:
-            if exclude_failed:
+            if exclude_failed or not s.has_rows:
                 stats.excluded_failed += 1
                 continue
             stats.scored_failed += 1
@@ -79,12 +100,19 @@ def compute_group_advantages(
             stats.skipped_too_small += 1
             continue
         rewards = [r for _, r in members]
-        mean = sum(rewards) / len(rewards)
-        var = sum((r - mean) ** 2 for r in rewards) / len(rewards)
-        if var <= 1e-12:
+        if max(rewards) - min(rewards) <= CONSTANT_SPREAD:
             stats.skipped_constant += 1
             continue
-        scale = math.sqrt(var) + eps if normalize_std else 1.0
-        for rollout_id, reward in members:
-            stats.advantages[rollout_id] = (reward - mean) / scale
+        # Work on rewards / max|reward| (all in [-1, 1]): squares and sums cannot overflow.
+        scale = max(abs(r) for r in rewards)
+        unit = [r / scale for r in rewards]
+        mean = sum(unit) / len(unit)
+        denom = len(unit) if std == "population" else len(unit) - 1
+        spread = math.sqrt(sum((u - mean) ** 2 for u in unit) / denom)
+        for (rollout_id, _), u in zip(members, unit, strict=True):
+            if normalize_std:
+                # (r - mean_r) / (std_r + eps), with every term divided by ``scale``
+                stats.advantages[rollout_id] = (u - mean) / (spread + eps / scale)
+            else:
+                stats.advantages[rollout_id] = (u - mean) * scale
     return stats

@@ -17,6 +17,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _finite_float(value: Any) -> float | None:
+    """``value`` as a finite float; None for non-numbers, NaN, infinities and integers
+    too large for a float (``float(10**400)`` raises ``OverflowError``)."""
+    if not _is_number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def extract_reward(output: dict[str, Any]) -> tuple[RolloutStatus, float | None, str | None]:
     """Find the reward under ``reward`` (``AgentCoreRuntimeApp``) or ``rewards`` (``AgentCoreRLApp``).
 
@@ -43,20 +55,29 @@ def extract_reward(output: dict[str, Any]) -> tuple[RolloutStatus, float | None,
         value = value[-1]
     if value is None:
         return RolloutStatus.NO_REWARD, None, f"the agent's {key!r} is null"
-    if not _is_number(value) or not math.isfinite(float(value)):
+    number = _finite_float(value)
+    if number is None:
+        # repr() of a huge int can itself fail (sys.int_info.str_digits_check_threshold)
+        big = isinstance(value, int) and not isinstance(value, bool)
+        shown = f"an integer of {value.bit_length()} bits" if big else repr(value)
         return (
             RolloutStatus.INVALID_REWARD,
             None,
-            f"the agent's {key!r} must be a finite number, got {value!r:.200}",
+            f"the agent's {key!r} must be a finite number that fits a float, got {shown:.200}",
         )
-    return RolloutStatus.OK, float(value), None
+    return RolloutStatus.OK, number, None
 
 
 def _metrics(output: dict[str, Any]) -> dict[str, float]:
     raw = output.get("metrics")
     if not isinstance(raw, dict):
         return {}
-    return {str(k): float(v) for k, v in raw.items() if _is_number(v) and math.isfinite(float(v))}
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        number = _finite_float(v)
+        if number is not None:
+            out[str(k)] = number
+    return out
 
 
 def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> RolloutResult:

@@ -30,6 +30,18 @@ class TrainerConfig:
     """Continue from the last checkpoint in ``run_dir``."""
     max_failure_rate: float = 0.5
     """Abort when more than this fraction of a step's rollouts fail."""
+    exclude_on: list[str] = field(
+        default_factory=lambda: ["sampler_error", "in_flight", "aborted"]
+    )
+    """Gateway faults that exclude a rollout the agent called ok (status
+    ``sampler_error``, out of the group baseline, counted in ``rollouts/sampler_error``):
+    ``sampler_error`` (a model call failed), ``in_flight`` (a call was still being
+    generated when the agent returned), ``aborted`` (the sampler aborted a call),
+    ``disconnected`` (the client dropped a call; off by default: the trace holds what
+    the agent received). ``[]`` trains every rollout the agent called ok."""
+    max_abs_reward: float = 1e9
+    """Rewards larger in magnitude are ``invalid_reward`` (sentinels such as 1e200 or
+    -sys.maxsize would swamp their group's statistics)."""
     canary: bool = True
     """Run one rollout before training to prove the agent reaches the gateway."""
     rollout_timeout_s: float = 120.0
@@ -57,7 +69,12 @@ class AlgorithmConfig:
     normalize_std: bool = True
     """Divide group-centred rewards by the group's standard deviation."""
     exclude_failed: bool = True
-    """Drop failed rollouts from their group instead of scoring them 0.0."""
+    """Drop failed rollouts from their group instead of scoring them 0.0 (with
+    ``false``, only failed rollouts that have trace rows are scored 0.0 and trained;
+    one without rows has nothing to push down and stays out, as in verl and slime)."""
+    std: str = "population"
+    """Standard deviation that ``normalize_std`` divides by: ``population`` (divide
+    the squared deviations by n) or ``sample`` (by n - 1, verl's GRPO)."""
     token_mean_over: str = "batch"
     """Denominator of the token-level mean: ``batch`` (every generated token of the
     step's successful rollouts; groups without signal add zero-advantage tokens, so a

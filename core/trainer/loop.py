@@ -4,8 +4,11 @@ Per step: take ``batch_size`` payloads, run ``group_size`` rollouts of each
 through the runtime and the gateway, turn the recorded rows into datums with
 group-relative advantages (failed rollouts excluded), ``forward_backward``,
 ``optim_step``, rebind the gateway to the new sampler; evaluate and
-checkpoint on schedule. Guards: a canary rollout before training, and an
-abort when a step's rollout failure rate passes ``max_failure_rate``.
+checkpoint on schedule. A step whose groups carry no signal (all constant,
+lone or failed) skips the update (``train/skipped``). Guards: a canary
+rollout before training, an abort when a step's rollout failure rate passes
+``max_failure_rate``, one run at a time per ``run_dir``, and no fresh run
+over an old run's checkpoints.
 """
 
 from __future__ import annotations
@@ -22,14 +25,21 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.algo import RolloutScore, compute_group_advantages, trace_to_datum
+from core.algo.advantages import STD_KINDS
 from core.errors import ConfigError, RunAborted
 from core.gateway.config import GatewayConfig
-from core.trainer.checkpoint import checkpoint_dir, latest_checkpoint, write_trainer_state
+from core.trainer.checkpoint import (
+    RunDirLock,
+    checkpoint_dir,
+    existing_checkpoints,
+    latest_checkpoint,
+    write_trainer_state,
+)
 from core.trainer.data import DataOrder, load_payloads
 from core.trainer.metrics import MetricsWriter, console_line
 from core.trainer.report import write_report
-from core.trainer.rollouts import RolloutOutcome, start_rollout_stack
+from core.trainer.rollouts import FAULT_KEYS, RolloutOutcome, check_exclude_on, start_rollout_stack
+from core.trainer.signal import TOKEN_MEAN_OVER, StepSignal, build_signal
 from core.types import AdamParams, Datum, RolloutStatus, SamplingParams
 
 
@@ -73,6 +83,32 @@ def prepare_data(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[di
     return train, evals
 
 
+_CLIP_KEYS = ("clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold")
+_UNCLIPPED_LOSSES = ("cross_entropy", "importance_sampling")
+
+
+def check_loss_config(loss: str, loss_config: Any) -> None:
+    """Refuse, before any rollout, a ``loss_config`` that contradicts ``loss``.
+
+    The default ``loss_config`` holds PPO's clip range; ``cross_entropy`` and
+    ``importance_sampling`` clip nothing, and every backend refuses clip keys for
+    them, but only at the first ``forward_backward``, after a step of rollouts.
+    """
+    config = OmegaConf.to_container(loss_config, resolve=True) if OmegaConf.is_config(loss_config) else loss_config
+    if not isinstance(config, dict):
+        raise ConfigError(f"algorithm.loss_config must be a mapping of names to numbers, got {config!r}")
+    for key, value in config.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"algorithm.loss_config.{key!s} must be a number, got {value!r}")
+    clips = sorted(str(k) for k in config if k in _CLIP_KEYS)
+    if loss in _UNCLIPPED_LOSSES and clips:
+        raise ConfigError(
+            f"algorithm.loss={loss} clips nothing, but algorithm.loss_config sets {clips} "
+            "(the default loss_config is PPO's clip range); drop them with "
+            f"'algorithm.loss_config={{}}' (or ~algorithm.loss_config.{clips[0]}), or use loss=ppo or cispo"
+        )
+
+
 class Trainer:
     """One training run; ``await Trainer(cfg, plugins).run()`` returns an exit code."""
 
@@ -86,15 +122,25 @@ class Trainer:
             raise ConfigError(
                 f"algorithm.loss={self.algo.loss!r}; use cross_entropy, importance_sampling, ppo or cispo"
             )
-        if self.algo.token_mean_over not in ("batch", "trained"):
+        check_loss_config(str(self.algo.loss), self.algo.loss_config)
+        if self.algo.token_mean_over not in TOKEN_MEAN_OVER:
             raise ConfigError(
                 f"algorithm.token_mean_over={self.algo.token_mean_over!r}; use batch or trained"
             )
+        if str(self.algo.get("std", "population")) not in STD_KINDS:
+            raise ConfigError(
+                f"algorithm.std={self.algo.std!r}; use population (divide by n) or sample (by n - 1)"
+            )
         if self.t.batch_size < 1 or self.t.group_size < 1:
             raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
+        check_exclude_on(self.t.get("exclude_on", []))
+        max_abs = float(self.t.get("max_abs_reward", 1e9))
+        if not (max_abs > 0 and math.isfinite(max_abs)):
+            raise ConfigError(f"trainer.max_abs_reward must be a finite number > 0, got {max_abs!r}")
         self.step = 0
         self._last_batch: list[int] = []
         self._closers: list[Any] = []
+        self._lock: RunDirLock | None = None
 
     # -- setup --------------------------------------------------------------
 
@@ -102,6 +148,16 @@ class Trainer:
         from core.gateway import Gateway
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunDirLock(self.run_dir)  # raises while another run uses run_dir
+        if not self.t.resume:
+            found = existing_checkpoints(self.run_dir)
+            if found:
+                raise ConfigError(
+                    f"run_dir {self.run_dir} already holds checkpoints ({found[-1].name} and "
+                    f"{len(found) - 1} more) of an earlier run; pass trainer.resume=true to continue "
+                    "it, or choose a new run_dir (a fresh run there would mix its metrics and "
+                    "checkpoints with the old ones)"
+                )
         self.train_rows, self.eval_rows = prepare_data(self.cfg, self.run_dir)
         self.order = DataOrder(size=len(self.train_rows), seed=int(self.cfg.seed))
 
@@ -137,6 +193,9 @@ class Trainer:
             except Exception as exc:  # keep closing the rest; say what failed
                 print(f"warning: shutdown step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         self._closers.clear()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _sampling(self, temperature: float, *, stream: int = 0) -> SamplingParams:
         """Session sampling settings; seeded from ``seed``, the step and ``stream`` so a
@@ -156,19 +215,18 @@ class Trainer:
             sampling=self._sampling(self.algo.temperature, stream=1),
         )
         result = outcome.result
+        if result.status is RolloutStatus.NO_MODEL_CALLS:
+            raise RunAborted(
+                "canary rollout returned a reward but made no model call through the gateway: "
+                "the agent must send its requests to payload['_config']['base_url'] with "
+                "payload['_config']['api_key'] as its API key; training on it would learn nothing"
+            )
         if result.status is not RolloutStatus.OK:
             raise RunAborted(
                 f"canary rollout failed with status {result.status.value!r}: "
                 f"{(result.error or 'no error text').strip()[-2000:]}\n"
                 "Check that the agent starts (task.agent), reaches the gateway at the base_url "
                 "it is given, and returns {'reward': <float>}."
-            )
-        turns = sum(len(r.turns) for r in outcome.rows)
-        if turns == 0:
-            raise RunAborted(
-                "canary rollout returned a reward but made no model call through the gateway: "
-                "the agent must send its requests to payload['_config']['base_url'] with "
-                "payload['_config']['api_key'] as its API key; training on it would learn nothing"
             )
 
     def _check_failures(self, outcomes: list[RolloutOutcome]) -> Counter[str]:
@@ -212,33 +270,14 @@ class Trainer:
             if bar is not None:
                 bar.close()
 
-    def _datums(self, outcomes: list[RolloutOutcome]) -> tuple[list[Datum], dict[str, float]]:
-        stats = compute_group_advantages(
-            (
-                RolloutScore(o.request.rollout_id, o.request.group_id, o.result.reward if o.ok else None)
-                for o in outcomes
-            ),
+    def _signal(self, outcomes: list[RolloutOutcome]) -> StepSignal:
+        return build_signal(
+            outcomes,
             normalize_std=bool(self.algo.normalize_std),
             exclude_failed=bool(self.algo.exclude_failed),
+            std=str(self.algo.get("std", "population")),
+            token_mean_over=str(self.algo.token_mean_over),
         )
-        datums: list[Datum] = []
-        whole_batch = self.algo.token_mean_over == "batch"
-        for o in outcomes:
-            adv = stats.advantages.get(o.request.rollout_id)
-            if adv is None:
-                if not (whole_batch and o.ok):
-                    continue
-                adv = 0.0  # no signal, but its tokens count in the token mean
-            for row in o.rows:
-                datum = trace_to_datum(row, adv)
-                if datum is not None:
-                    datums.append(datum)
-        return datums, {
-            "groups/total": float(stats.groups),
-            "groups/skipped_constant": float(stats.skipped_constant),
-            "groups/skipped_too_small": float(stats.skipped_too_small),
-            "rollouts/excluded_failed": float(stats.excluded_failed),
-        }
 
     async def _train(self, datums: list[Datum]) -> dict[str, float]:
         loss_config = dict(OmegaConf.to_container(self.algo.loss_config, resolve=True))  # type: ignore[arg-type]
@@ -294,6 +333,9 @@ class Trainer:
         self.gateway.set_sampler(self.backend.sampler)
         self.order.restore(ckpt.state["data"])
         self.step = ckpt.step
+        # Steps after this one that an interrupted run logged are replayed now;
+        # readers of metrics.jsonl drop the stale copies at this marker.
+        self.metrics.mark_resume(self.step)
         print(f"resumed from {ckpt.path} at step {self.step}", file=sys.stderr)
 
     # -- the loop -------------------------------------------------------------
@@ -304,12 +346,20 @@ class Trainer:
         outcomes = await self._rollouts()
         times.rollout = time.perf_counter() - t_step
         statuses = self._check_failures(outcomes)
-        datums, group_metrics = self._datums(outcomes)
-        # Stable keys: a step without a learning signal reports NaN (null in JSON).
-        train_metrics: dict[str, float] = {"train/loss": math.nan, "train/logprob_diff_max": math.nan}
-        if datums:
+        signal = self._signal(outcomes)
+        datums, group_metrics = signal.datums, signal.metrics
+        # Stable keys: a step without a learning signal reports NaN (null in JSON) and
+        # skips the update: zero-advantage datums would still move the weights through
+        # Adam's momentum and bump the weight version for nothing.
+        train_metrics: dict[str, float] = {
+            "train/loss": math.nan,
+            "train/logprob_diff_max": math.nan,
+            "train/skipped": 1.0,
+        }
+        if signal.has_signal:
             t0 = time.perf_counter()
             train_metrics.update(await self._train(datums))
+            train_metrics["train/skipped"] = 0.0
             times.train = time.perf_counter() - t0
             t0 = time.perf_counter()
             self.gateway.set_sampler(await self.backend.sync_sampler())
@@ -357,6 +407,13 @@ class Trainer:
             "trace/forks": sum(int(r.metadata.get("forks", 0)) for r in rows),
             "trace/ill_formed_tool_calls": sum(int(r.metadata.get("ill_formed_tool_calls", 0)) for r in rows),
             "trace/truncated": sum(int(bool(r.metadata.get("truncated", False))) for r in rows),
+            # Read from each rollout's session, so a rollout without rows still counts.
+            **{f"faults/{k}": sum(o.faults.get(k, 0) for o in outcomes) for k in FAULT_KEYS},
+            "rollouts/with_disconnected_turns": sum(
+                1 for o in outcomes if o.faults.get("disconnected_turns", 0) > 0
+            ),
+            "rollouts/session_finished_early": sum(o.faults.get("finished_early", 0) for o in outcomes),
+            "rollouts/session_lost": sum(o.faults.get("session_lost", 0) for o in outcomes),
             "weight_version": int(self.backend.weight_version),
             "data/epoch": self.order.epoch,
             "data/cursor": self.order.cursor,

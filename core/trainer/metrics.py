@@ -1,4 +1,11 @@
-"""Where step metrics go: the console, ``metrics.jsonl``, and wandb/tensorboard when asked."""
+"""Where step metrics go: the console, ``metrics.jsonl``, and wandb/tensorboard when asked.
+
+``metrics.jsonl`` survives crashes and resumes: a torn last line (a run killed
+mid-write) is ignored by ``read_metrics`` and cut off when a run reopens the
+file, and a resumed run writes a ``{"event": "resume", "step": S}`` marker so
+readers drop the records of steps after S that the interrupted run logged
+(the resumed run logs them again).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, loggers: list[str], *, config: dict[str, Any]) -> None:
         self.path = run_dir / "metrics.jsonl"
+        _cut_torn_tail(self.path)
         self._file = self.path.open("a")
         self._wandb: Any = None
         self._tb: Any = None
@@ -57,6 +65,11 @@ class MetricsWriter:
             for key, value in numeric.items():
                 self._tb.add_scalar(key, value, step)
 
+    def mark_resume(self, step: int) -> None:
+        """Record that the run resumed at ``step`` (to ``metrics.jsonl`` only)."""
+        self._file.write(json.dumps({"event": RESUME_EVENT, "step": int(step)}) + "\n")
+        self._file.flush()
+
     def close(self) -> None:
         self._file.close()
         if self._wandb is not None:
@@ -65,11 +78,50 @@ class MetricsWriter:
             self._tb.close()
 
 
+RESUME_EVENT = "resume"
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop an unterminated last line (a write cut short by a crash), so appending
+    starts on a fresh line instead of gluing onto the fragment."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    with path.open("r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` file (later records of a step win)."""
+    """The records of a ``metrics.jsonl`` file, as the run's final timeline.
+
+    At each resume marker, earlier records of steps after the resume point are
+    dropped (the resumed run logged those steps again), so each step appears
+    as in one uninterrupted run. A torn last line is ignored.
+
+    Raises:
+        ValueError: a line other than the last is not JSON (the file was damaged).
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break  # torn by a crash mid-write
+            raise ValueError(f"{path}:{number} is not a JSON record ({exc}); the file is damaged") from exc
+        if isinstance(record, dict) and record.get("event") == RESUME_EVENT:
+            step = int(record.get("step", 0))
+            records = [r for r in records if int(r.get("step", 0)) <= step]
+            continue
+        records.append(record)
+    return records
 
 
 def console_line(record: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """The end-of-run report: an HTML page with the reward curves (inline SVG, no plotting
-library needed) and the final figures."""
+library needed) and the final figures. Built from ``read_metrics``, so steps an
+interrupted run logged and its resumed run replayed count once."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ def _polyline(points: list[tuple[float, float]], x_max: float, color: str) -> st
 
 
 def _series(records: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
-    out = []
+    """``(step, value)`` of ``key``, one point per step (the last record of a step wins)."""
+    by_step: dict[float, float] = {}
     for r in records:
         v = r.get(key)
-        if isinstance(v, int | float) and math.isfinite(v):
-            out.append((float(r["step"]), float(v)))
-    return out
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and "step" in r:
+            by_step[float(r["step"])] = float(v)
+    return sorted(by_step.items())
 
 
 def write_report(run_dir: Path) -> Path:
