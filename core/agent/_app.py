@@ -46,9 +46,8 @@ from core.agent._protocol import (
     InvocationOp,
     invocation_state,
     s3_config,
-    s3_result_key,
 )
-from core.agent._s3 import S3ResultWriter
+from core.agent._s3 import S3ResultWriter, result_key_for
 
 logger = logging.getLogger("core.agent")
 
@@ -236,7 +235,8 @@ class AgentApp:
             )
         session_id = request.headers.get(SESSION_HEADER) or uuid.uuid4().hex
         headers = dict(request.headers)
-        headers.pop(TOKEN_HEADER.lower(), None)  # the handler has no use for it; keep it out of logs
+        # The handler has no use for the token; keep it out of its logs.
+        headers.pop(TOKEN_HEADER.lower(), None)
         if ENVELOPE_KEY in payload:
             try:
                 op = InvocationOp.parse(payload[ENVELOPE_KEY])
@@ -253,7 +253,10 @@ class AgentApp:
             # AgentCoreRLApp shape: fire and forget, result (if any) goes to S3.
             result_key = None
             if s3 is not None:
-                result_key = s3_result_key(s3["exp_id"], s3["input_id"], session_id)
+                try:  # the key is ours to derive, from the trainer's fields and the session
+                    result_key = result_key_for(s3, session_id)
+                except ValueError as exc:
+                    return _JSON({"error": str(exc)}, status_code=400)
             self._start(session_id, invocation_id, payload, headers, s3=s3, result_key=result_key)
             reply: dict[str, Any] = {"status": "processing", "invocation_id": invocation_id}
             if s3 is not None:
@@ -359,7 +362,11 @@ class AgentApp:
             if s3 is not None and result_key is not None:
                 await self._in_thread(
                     functools.partial(
-                        self._s3.put, result, s3=s3, result_key=result_key, payload=payload
+                        self._s3.put,
+                        result,
+                        s3=s3,
+                        session_id=context.session_id,
+                        payload=payload,
                     )
                 )
             state["result"] = result
@@ -379,7 +386,7 @@ class AgentApp:
                                 self._s3.put,
                                 error_result,
                                 s3=s3,
-                                result_key=result_key,
+                                session_id=context.session_id,
                                 payload=payload,
                             )
                         )

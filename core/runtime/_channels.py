@@ -8,6 +8,8 @@ Defines:
   polling with backoff for other servers of the protocol.
 - ``S3Channel``: agentcore-rl-toolkit's ``AgentCoreRLApp`` contract: fire with
   ``_rollout`` S3 fields, poll the result object with boto3 (imported lazily).
+- ``check_result_key``: both S3 channels read the key the trainer chose, never
+  one an agent names.
 
 A channel returns the handler's output dict; mapping it to a reward is
 ``core.runtime._results``' job.
@@ -79,6 +81,29 @@ def _check_reply(r: httpx.Response | FastResponse, what: str) -> Any:
         raise AgentFault(
             RolloutStatus.CRASHED, f"the agent's reply to the {what} is not JSON: {r.text[:500]!r}"
         ) from exc
+
+
+def check_result_key(reply: Any, bucket: str, key: str) -> None:
+    """Refuse a reply naming a result key other than the one the trainer chose.
+
+    The trainer reads ``{exp_id}/{group}/{session}.json`` and nothing else: were an
+    agent's ``result_key`` followed, one rollout could hand in another's result.
+
+    Raises:
+        AgentFault: ``CRASHED``, naming both keys.
+    """
+    if not isinstance(reply, dict) or "result_key" not in reply:
+        return
+    named = reply["result_key"]
+    if named != key or reply.get("s3_bucket", bucket) != bucket:
+        raise AgentFault(
+            RolloutStatus.CRASHED,
+            f"the agent says it saves its result at s3://{reply.get('s3_bucket', bucket)}/"
+            f"{named!r:.300}, but the trainer reads only s3://{bucket}/{key} "
+            "({exp_id}/{input_id}/{session_id}.json from the payload's _rollout fields and the "
+            "session header); results under any other key are refused. Let the agent derive "
+            "the key from those (core.agent and agentcore-rl-toolkit apps do)",
+        )
 
 
 class HttpChannel:
@@ -220,8 +245,7 @@ class S3Channel:
         )
         reply = _check_reply(r, "rollout request")
         key = s3_result_key(self.exp_id, inv.group_id, inv.session_id)
-        if isinstance(reply, dict) and isinstance(reply.get("result_key"), str):
-            key = reply["result_key"]
+        check_result_key(reply, self.bucket, key)
         delay = self.poll_interval_s
         while True:
             try:

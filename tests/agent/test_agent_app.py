@@ -128,6 +128,7 @@ def test_cancel_stops_a_hanging_handler() -> None:
         (_op("get", "a", background=True), "background"),
         (_op("start", "a", extra=1), "unknown fields"),
         ({"_rollout": {"exp_id": "e", "s3_bucket": "b"}}, "input_id"),
+        ({"_rollout": {"exp_id": "e", "s3_bucket": "b", "input_id": "g/../h"}}, "no '/'"),
     ],
 )
 def test_bad_envelopes_are_400_naming_the_field(payload: dict[str, Any], needle: str) -> None:

@@ -62,8 +62,9 @@ def test_s3_channel_rewards_back_and_sessions_stopped(s3_endpoint: str) -> None:
     assert body["reward"] == 0.25 and body["status_code"] == 200
     rollout = body["payload"]["_rollout"]
     assert rollout["exp_id"] == "exp-e2e" and rollout["input_id"] == "g1"
-    assert rollout["s3_bucket"] == BUCKET and rollout["api_key"] == req.session_id
-    assert body["payload"]["_config"]["base_url"] == req.base_url
+    assert rollout["s3_bucket"] == BUCKET and rollout["model_id"] == req.model_id
+    # Not the credentials: no api_key (the session id), no gateway URL.
+    assert "api_key" not in rollout and "base_url" not in rollout and "_config" not in body["payload"]
 
 
 def test_http_channel_rewards_back_and_agent_error(s3_endpoint: str) -> None:

@@ -25,7 +25,7 @@ from core.agent._protocol import (
     InvocationOp,
     s3_result_key,
 )
-from core.runtime._channels import AgentFault
+from core.runtime._channels import AgentFault, check_result_key
 from core.runtime.agentcore._client import AcrClient
 from core.types import RolloutStatus
 
@@ -120,6 +120,8 @@ class HttpResultChannel:
 class S3ResultChannel:
     """``AgentCoreRLApp``'s contract: the agent saves ``{exp_id}/{input_id}/{session}.json``.
 
+    The trainer reads that key only; a reply naming another ``result_key`` fails the rollout.
+
     Args:
         acr: The data-plane client.
         bucket: Result bucket.
@@ -187,8 +189,7 @@ class S3ResultChannel:
             s.runtime_session_id, {**s.payload, ROLLOUT_KEY: rollout}, deadline=s.deadline
         )
         key = s3_result_key(self.exp_id, s.group_id, s.runtime_session_id)
-        if isinstance(reply, dict) and isinstance(reply.get("result_key"), str):
-            key = reply["result_key"]
+        check_result_key(reply, self.bucket, key)
         delay = self.polling.initial_s
         while True:
             try:

@@ -37,6 +37,8 @@ async def handler(payload: dict, context: RequestContext) -> dict:
                 "sampling": cfg.sampling_params,
             },
         }
+    if mode == "quiet":  # a reward and nothing the agent was given
+        return {"reward": float(payload.get("reward", 1.0)), "metrics": {"turns": 1.0}}
     if mode == "raise":
         raise RuntimeError(f"agent bug on purpose: {payload.get('tag')}")
     if mode == "hang":
