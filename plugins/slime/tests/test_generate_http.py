@@ -150,12 +150,13 @@ def test_forked_rollouts_and_failures_over_http(env: Any) -> None:
     assert crashed.status is Sample.Status.ABORTED and crashed.remove_sample
     flat = [s for o in outs for s in o]
     raw, rewards = post_process_rewards(args, flat)
-    # the expected values, computed from one reward per surviving rollout
+    # the expected values, computed from one reward per surviving rollout, with core's
+    # spread (algorithm.std=population by default, eps 1e-4)
     per_rollout = {o[0].rollout_id: o[0].reward for o in outs[:3]}
     vals = list(per_rollout.values())
     mean = sum(vals) / 3
-    std = (sum((v - mean) ** 2 for v in vals) / 2) ** 0.5
-    expected = [(s.reward - mean) / (std + 1e-6) for o in outs[:3] for s in o] + [0.0]
+    std = (sum((v - mean) ** 2 for v in vals) / 3) ** 0.5
+    expected = [(s.reward - mean) / (std + 1e-4) for o in outs[:3] for s in o] + [0.0]
     assert rewards == pytest.approx(expected, abs=1e-5)
 
 

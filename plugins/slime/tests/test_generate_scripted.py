@@ -113,7 +113,7 @@ def test_fork_gives_two_samples_sharing_rollout_id(setup: Any) -> None:
     assert sorted(s.metadata["tracerl"]["row"] for s in out) == [0, 1]
 
 
-@pytest.mark.parametrize(("mode", "status"), [("crash", "crashed"), ("no_call", "ok")])
+@pytest.mark.parametrize(("mode", "status"), [("crash", "crashed"), ("no_call", "no_model_calls")])
 def test_failed_rollout_is_one_removed_aborted_sample(setup: Any, mode: str, status: str) -> None:
     [out] = _run(setup, _sample(mode, index=9))
     assert len(out) == 1

@@ -227,3 +227,13 @@ def test_settings_slime_would_ignore_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(match)):
         _args(tmp_path, *overrides)
+
+
+def test_unknown_std_is_refused_at_launch(tmp_path: Path) -> None:
+    from omegaconf import open_dict
+
+    cfg: Any = compose_tracerl(["backend=slime", "backend.dry_run=true"])
+    with open_dict(cfg):
+        cfg.algorithm.std = "mad"
+    with pytest.raises(ConfigError, match="algorithm.std='mad'"):
+        slime_train_args(cfg, _paths(tmp_path))

@@ -14,11 +14,14 @@ Per call (slime runs many concurrently on its rollout process's loop):
 4. the session's trace rows become ``list[Sample]`` sharing one
    ``rollout_id``, each with ``reward`` set (``tracerl_slime.rows``).
 
-A failed rollout (timeout, crash, no or bad reward, no trainable row)
-becomes one ABORTED sample with ``remove_sample=True``: slime trains none of
-its tokens and ``tracerl_slime.rewards`` keeps it out of the group
-baseline. With ``algorithm.exclude_failed=false`` a failed rollout that has
-rows is returned scored 0.0 instead (the anchors' behaviour, opt-in).
+Every status but ``ok`` is a failure (timeout, crash, no or bad reward,
+``sampler_error``: a model call broke in the gateway, ``no_model_calls``: a
+reward without any model call), and so is an ``ok`` rollout with no
+trainable row (recorded as ``no_model_calls``). A failure becomes one
+ABORTED sample with ``remove_sample=True``: slime trains none of its tokens
+and ``tracerl_slime.rewards`` keeps it out of the group baseline. With
+``algorithm.exclude_failed=false`` a failed rollout that has rows is
+returned scored 0.0 instead (as core's loop does; one without rows stays out).
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ async def generate(
         sample, outcome.rows, reward=reward, tokenizer=host.tokenizer, info=info
     )
     failed = not ok or not samples
+    if ok and not samples:  # the runner's own check may predate no_model_calls
+        info["status"] = RolloutStatus.NO_MODEL_CALLS.value
     if failed:
         why = (
             f"rollout {outcome.request.rollout_id} ended with status {result.status.value!r}: "
@@ -134,7 +139,8 @@ async def generate(
                     sample,
                     pad_token_id=_pad_id(host.tokenizer),
                     reason=why,
-                    status=result.status.value,
+                    status=str(info["status"]),
+                    info=info,
                 )
             ]
         else:

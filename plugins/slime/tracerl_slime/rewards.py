@@ -19,12 +19,18 @@ once per row. Here:
   are left out of the baseline and get 0.0;
 - every sibling of a rollout gets that rollout's normalised reward.
 
-The arithmetic follows slime's default so runs stay comparable: for the
-estimators ``grpo``, ``gspo``, ``cispo`` and ``reinforce_plus_plus_baseline``
-with ``rewards_normalization`` on, subtract the group mean; for ``grpo``,
-``gspo`` and ``cispo`` with ``grpo_std_normalization`` on, divide by the
-group's sample standard deviation + 1e-6. Other estimators get raw rewards.
-A group with one scored rollout has no spread: its advantage is 0.0.
+Which estimators normalise follows slime: for ``grpo``, ``gspo``, ``cispo``
+and ``reinforce_plus_plus_baseline`` with ``rewards_normalization`` on,
+subtract the group mean; for ``grpo``, ``gspo`` and ``cispo`` with
+``grpo_std_normalization`` on (``algorithm.normalize_std``), divide by the
+group's standard deviation + eps. Other estimators get raw rewards. A group
+with one scored rollout, or with equal rewards, has no spread: advantage 0.0.
+
+The spread is core's (``core.testing.parity``), so one config gives the same
+advantages on every backend: ``algorithm.std`` of the tracerl config on
+``args`` (``population`` by default, or ``sample``) and eps 1e-4. Only when
+``args`` carries no tracerl config (the post-processor used on its own) does
+it keep slime's arithmetic: the sample standard deviation + 1e-6.
 """
 
 from __future__ import annotations
@@ -34,14 +40,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.errors import ConfigError
+from tracerl_slime.host import CONFIG_ATTR, tracerl_config_of
 from tracerl_slime.sample import reward_value
 
 CENTERED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 """Estimators whose rewards are group-centred (as in slime's default)."""
 STD_SCALED = ("grpo", "gspo", "cispo")
 """Estimators whose centred rewards are divided by the group's standard deviation."""
-EPS = 1e-6
-"""Added to the standard deviation (slime's value)."""
+EPS = 1e-4
+"""Added to the standard deviation (core's value, ``core.algo.compute_group_advantages``)."""
+SLIME_EPS = 1e-6
+"""slime's own value, used without a tracerl config on ``args``."""
+STD_KINDS = ("population", "sample")
+"""``algorithm.std``: squared deviations divided by n, or by n - 1 (slime's ``torch.std``)."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,20 @@ def _is_excluded(sample: Any) -> bool:
     )
 
 
-def group_normalize(items: Sequence[Scored], *, center: bool, scale: bool) -> list[float]:
-    """Per-item normalised rewards, each rollout counted once in its group (see module docstring)."""
+def group_normalize(
+    items: Sequence[Scored],
+    *,
+    center: bool,
+    scale: bool,
+    std: str = "population",
+    eps: float = EPS,
+) -> list[float]:
+    """Per-item normalised rewards, each rollout counted once in its group (see module docstring).
+
+    Args:
+        std: ``population`` (n) or ``sample`` (n - 1) standard deviation.
+        eps: Added to the standard deviation.
+    """
     per_group: dict[Any, dict[Any, float]] = {}
     for it in items:
         if it.excluded:
@@ -78,11 +102,9 @@ def group_normalize(items: Sequence[Scored], *, center: bool, scale: bool) -> li
     for group, rollouts in per_group.items():
         values = list(rollouts.values())
         mean = sum(values) / len(values)
-        if len(values) > 1:
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        else:
-            std = 0.0
-        stats[group] = (mean, std)
+        denom = len(values) if std == "population" else len(values) - 1
+        spread = math.sqrt(sum((v - mean) ** 2 for v in values) / denom) if len(values) > 1 else 0.0
+        stats[group] = (mean, spread)
     out = []
     for it in items:
         if it.excluded:
@@ -91,12 +113,23 @@ def group_normalize(items: Sequence[Scored], *, center: bool, scale: bool) -> li
         if not center:
             out.append(it.reward)
             continue
-        mean, std = stats[it.group]
+        mean, spread = stats[it.group]
         value = it.reward - mean
         if scale:
-            value = value / (std + EPS)
+            value = value / (spread + eps)
         out.append(value)
     return out
+
+
+def spread_of(args: Any) -> tuple[str, float]:
+    """``(std kind, eps)`` for ``args``: core's from the tracerl config, else slime's."""
+    if getattr(args, CONFIG_ATTR, None) is None:
+        return "sample", SLIME_EPS
+    algorithm = tracerl_config_of(args).get("algorithm") or {}
+    std = str(algorithm.get("std", "population"))
+    if std not in STD_KINDS:
+        raise ConfigError(f"algorithm.std={std!r}; use one of {STD_KINDS}")
+    return std, EPS
 
 
 def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
@@ -104,7 +137,8 @@ def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float]
 
     Args:
         args: slime's parsed arguments (``advantage_estimator``,
-            ``rewards_normalization``, ``grpo_std_normalization``, ``reward_key``).
+            ``rewards_normalization``, ``grpo_std_normalization``, ``reward_key``,
+            and the tracerl config under ``tracerl`` for ``algorithm.std``).
         samples: The step's samples, flattened, in slime's order.
 
     Returns:
@@ -142,4 +176,5 @@ def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float]
     raw = [reward_value(s, args) for s in samples]
     if not normalize:
         return raw, [0.0 if it.excluded else it.reward for it in items]
-    return raw, group_normalize(items, center=True, scale=scale)
+    std, eps = spread_of(args)
+    return raw, group_normalize(items, center=True, scale=scale, std=std, eps=eps)

@@ -106,13 +106,16 @@ def rows_to_samples(
     return out
 
 
-def failed_sample(sample: Any, *, pad_token_id: int, reason: str, status: str) -> Any:
+def failed_sample(
+    sample: Any, *, pad_token_id: int, reason: str, status: str, info: dict[str, Any] | None = None
+) -> Any:
     """The single ABORTED sample that stands for a failed rollout.
 
     It carries one masked response token (slime's trainer expects a non-empty
     response), reward 0.0 (slime's reward code needs a number, our
     post-processor ignores it) and ``remove_sample=True`` (slime zeroes its
-    loss mask).
+    loss mask). ``info`` adds ``metadata["tracerl"]`` entries (the tracerl
+    rollout id...), as for trained rows.
     """
     s = _base(sample, rollout_id_of(sample))
     prompt = list(s.tokens) if s.tokens else [int(pad_token_id)]
@@ -123,5 +126,5 @@ def failed_sample(sample: Any, *, pad_token_id: int, reason: str, status: str) -
     s.reward = 0.0
     s.status = Sample.Status.ABORTED
     s.remove_sample = True
-    s.metadata[META_KEY] = {"status": status, "error": reason[-2000:], "rows": 0}
+    s.metadata[META_KEY] = {**(info or {}), "status": status, "error": reason[-2000:], "rows": 0}
     return s

@@ -18,6 +18,7 @@ from typing import Any
 
 from core.backends_common import CLIP_DEFAULTS, NEUTRAL_SETTINGS
 from core.errors import ConfigError
+from tracerl_slime.rewards import STD_KINDS
 
 GENERATE_PATH = "tracerl_slime.generate.generate"
 """``--custom-generate-function-path``."""
@@ -175,6 +176,9 @@ def slime_train_args(cfg: Any, paths: LaunchPaths) -> list[str]:
     """
     b, t, a = cfg.backend, cfg.trainer, cfg.algorithm
     estimator = estimator_for(a)
+    std = str(a.get("std", "population"))
+    if std not in STD_KINDS:  # read by tracerl_slime.rewards in slime's rollout process
+        raise ConfigError(f"algorithm.std={std!r}; use one of {STD_KINDS}")
     if int(t.batch_size) < 1 or int(t.group_size) < 1 or int(t.max_steps) < 1:
         raise ConfigError(
             "trainer.batch_size, trainer.group_size and trainer.max_steps must be >= 1"
