@@ -9,6 +9,9 @@ Defines:
   deterministically with the ``tokenizers`` library, wrapped as a
   ``PreTrainedTokenizerFast`` carrying that template. Nothing is downloaded.
 - ``load_tokenizer``: ``"tiny"`` or a Hugging Face name/path.
+- ``end_of_turn_ids``: every token id that ends the model's turn (EOS, the
+  ``generation_config.json`` ``eos_token_id`` list, the chat template's
+  end-of-turn token), the one place samplers and the gateway take stop ids from.
 
 transformers and tokenizers are imported inside the functions so that
 ``import core`` stays light.
@@ -17,6 +20,7 @@ transformers and tokenizers are imported inside the functions so that
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -152,3 +156,104 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+
+
+_EOT_USER = "\u2063tracerl-eot-user\u2063"
+_EOT_ASSISTANT = "\u2063tracerl-eot-assistant\u2063"
+
+
+def _eos_list(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _generation_config_eos(tokenizer: Any) -> list[int]:
+    """``eos_token_id`` of the ``generation_config.json`` next to the tokenizer's files.
+
+    Read from the tokenizer's directory, or from the Hugging Face cache when it
+    was loaded by name; never downloaded.
+    """
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    if not name:
+        return []
+    path: Path | None = Path(name) / "generation_config.json"
+    if path is not None and not path.is_file():
+        path = None
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            hit = try_to_load_from_cache(name, "generation_config.json")
+            path = Path(hit) if isinstance(hit, str) else None
+        except Exception:  # not a repo id, or no hub library: no cached config
+            path = None
+    if path is None:
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return _eos_list(data.get("eos_token_id")) if isinstance(data, dict) else []
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = {i for i in getattr(tokenizer, "all_special_ids", ()) or () if isinstance(i, int)}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    for i, added in dict(decoder).items():
+        if getattr(added, "special", False):
+            ids.add(int(i))
+    return ids
+
+
+def _template_end_of_turn(tokenizer: Any) -> list[int]:
+    """The first special token the chat template writes after an assistant message."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    chat = [{"role": "user", "content": _EOT_USER}, {"role": "assistant", "content": _EOT_ASSISTANT}]
+    try:
+        text = str(tokenizer.apply_chat_template(chat, tokenize=False))
+    except Exception:  # a template that cannot render this toy chat: nothing to learn from it
+        return []
+    cut = text.rfind(_EOT_ASSISTANT)
+    if cut < 0:
+        return []
+    closer = text[cut + len(_EOT_ASSISTANT) :]
+    if not closer:
+        return []
+    specials = _special_ids(tokenizer)
+    ids = list(tokenizer.encode(closer, add_special_tokens=False))
+    return [next(i for i in ids if i in specials)] if any(i in specials for i in ids) else []
+
+
+def end_of_turn_ids(tokenizer: Any, *, generation_config: Any = None) -> tuple[int, ...]:
+    """Every token id that ends the model's turn, EOS first, without repeats.
+
+    Why: many models end a chat turn with a token other than EOS (Llama 3's
+    ``<|eot_id|>``, Gemma's ``<end_of_turn>``) or list several ``eos_token_id``
+    in ``generation_config.json``; a sampler that stops on EOS alone generates
+    past the turn and invents the next ones. Sources:
+
+    - ``tokenizer.eos_token_id``;
+    - ``generation_config``'s ``eos_token_id`` (an int or a list; a
+      ``GenerationConfig``, a model config or a dict), or when None the
+      ``generation_config.json`` beside the tokenizer's files (its directory or
+      the Hugging Face cache; never downloaded);
+    - the first special token the chat template writes after an assistant
+      message (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>``).
+    """
+    ids: list[int] = _eos_list(getattr(tokenizer, "eos_token_id", None))
+    if generation_config is None:
+        ids += _generation_config_eos(tokenizer)
+    else:
+        value = (
+            generation_config.get("eos_token_id")
+            if isinstance(generation_config, dict)
+            else getattr(generation_config, "eos_token_id", None)
+        )
+        ids += _eos_list(value)
+    ids += _template_end_of_turn(tokenizer)
+    return tuple(dict.fromkeys(i for i in ids if i >= 0))

@@ -41,6 +41,7 @@ from core.gateway.render import ChatRenderer, TailUnsupported
 from core.gateway.session import Session, new_session_id
 from core.gateway.toolparse import ParsedOutput, get_parser
 from core.interfaces import Sampler
+from core.tokenizer import end_of_turn_ids
 from core.types import FinishReason, SampleResult, SamplingParams, TraceRecord
 
 __all__ = ["Gateway", "TurnRequest", "TurnResult"]
@@ -97,6 +98,7 @@ class Gateway:
         sampler: Sampler,
         config: GatewayConfig | None = None,
         model_id: str = "tracerl",
+        generation_config: Any = None,
     ) -> None:
         """Build a gateway.
 
@@ -105,6 +107,9 @@ class Gateway:
             sampler: Backend that generates tokens (see ``core.interfaces.Sampler``).
             config: Rendering, history and limit settings.
             model_id: Name reported by ``/v1/models`` and in responses.
+            generation_config: The model's generation config (or a dict) whose
+                ``eos_token_id`` lists end-of-turn ids; None reads the
+                ``generation_config.json`` beside the tokenizer's files when there is one.
 
         Raises:
             ConfigError: bad history mode, unknown tool parser, a template whose
@@ -119,8 +124,9 @@ class Gateway:
         self._sampler = _check_sampler(sampler)
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, Session] = {}
-        eos = self.renderer.eos_token_id
-        self._stop_ids: frozenset[int] = frozenset([eos] if eos is not None else [])
+        self.end_of_turn_ids: tuple[int, ...] = end_of_turn_ids(tokenizer, generation_config=generation_config)
+        """Token ids that end the model's turn; every turn is sampled with them as stop ids."""
+        self._stop_ids: frozenset[int] = frozenset(self.end_of_turn_ids)
 
     # ------------------------------------------------------------------ trainer API
 
@@ -145,7 +151,8 @@ class Gateway:
         """Open a session and return its id (the agent's API key).
 
         Args:
-            sampling: Per-turn defaults; ``SamplingParams()`` when None.
+            sampling: Per-turn defaults; ``SamplingParams()`` when None. The model's
+                end-of-turn ids (``end_of_turn_ids``) are added to its ``stop_token_ids``.
             max_context_tokens: Prompt + generation budget; None takes the config's, 0 is unlimited.
             metadata: Free data; ``rollout_id`` and ``group_id`` are copied onto rows.
             history_mode: ``linear`` or ``tree``; None takes the config's.
@@ -157,10 +164,15 @@ class Gateway:
         budget = self.config.max_context_tokens if max_context_tokens is None else max_context_tokens
         if budget < 0:
             raise ConfigError(f"max_context_tokens must be >= 0 (0 = unlimited), got {budget!r}")
+        sampling = sampling or SamplingParams()
+        stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn_ids)))
+        if stop_ids != sampling.stop_token_ids:
+            # Every end-of-turn id is a stop id, so no sampler generates past the turn.
+            sampling = dataclasses.replace(sampling, stop_token_ids=stop_ids)
         sid = new_session_id()
         self._sessions[sid] = Session(
             id=sid,
-            sampling=sampling or SamplingParams(),
+            sampling=sampling,
             max_context_tokens=budget,
             history_mode=mode,
             allow_sampling_overrides=(

@@ -4,14 +4,16 @@
 it left-pads the prompts, prefills them in one forward pass with explicit
 ``position_ids`` (``cumsum(attention_mask) - 1``, so RoPE positions match an
 unpadded forward and the trainer's), then decodes one token per row per
-forward pass, reusing the KV cache. A row finishes on EOS, a stop token id,
-a stop string, ``max_tokens`` or the model's context length; its result is
+forward pass, reusing the KV cache. A row finishes on any of the model's
+end-of-turn ids (``eos_ids``: EOS, the generation config's ``eos_token_id``
+list, the chat template's end-of-turn token), a stop token id of its own, a
+stop string, ``max_tokens`` or the model's context length; its result is
 handed to ``on_done`` at once, so short replies do not wait for long ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,7 @@ def generate_batch(
     rng: torch.Generator,
     on_done: Callable[[int, GenOutput], None],
     on_forward: Callable[[], None] = lambda: None,
+    eos_ids: Collection[int] | None = None,
 ) -> int:
     """Continue every request; call ``on_done(index, output)`` as each row finishes.
 
@@ -70,13 +73,15 @@ def generate_batch(
         on_done: Called from this thread once per row.
         on_forward: Called before each forward pass (counters that are
             complete by the time the last ``on_done`` fires).
+        eos_ids: Ids that end every row's turn (``core.tokenizer.end_of_turn_ids``);
+            None means the tokenizer's EOS alone.
 
     Returns:
         Number of forward passes run (1 prefill + decode steps).
     """
     device = next(model.parameters()).device
     n = len(requests)
-    eos_id = int(tokenizer.eos_token_id)
+    ends = {int(i) for i in eos_ids} if eos_ids is not None else {int(tokenizer.eos_token_id)}
     pad_id = int(tokenizer.pad_token_id)
     lengths = [len(r.prompt) for r in requests]
     width = max(lengths)
@@ -96,7 +101,7 @@ def generate_batch(
     budgets = [
         min(p.max_tokens, max_positions - length) for p, length in zip(params, lengths, strict=True)
     ]
-    stop_ids = [{eos_id, *p.stop_token_ids} for p in params]
+    stop_ids = [ends.union(p.stop_token_ids) for p in params]
     row_rngs = [
         torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params
     ]

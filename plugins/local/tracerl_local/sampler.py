@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from core.errors import SamplerError
+from core.tokenizer import end_of_turn_ids
 from core.types import SampleResult, SamplingParams
 from tracerl_local.generate import GenOutput, GenRequest, generate_batch
 from tracerl_local.model import cache_argument
@@ -88,6 +89,10 @@ class LocalSampler:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
         self._tokenizer = tokenizer
+        # Every end-of-turn id the model declares (not only EOS), so no row runs past its turn.
+        self.end_of_turn_ids = end_of_turn_ids(
+            tokenizer, generation_config=getattr(model, "generation_config", None)
+        )
         self._vocab = len(tokenizer)  # type: ignore[arg-type]
         self._max_positions = max_positions
         self._max_batch = max_batch_size
@@ -135,6 +140,8 @@ class LocalSampler:
         session_id: str,
     ) -> SampleResult:
         """Continue ``prompt_token_ids``; see ``core.interfaces.Sampler``.
+
+        A row stops on any of ``end_of_turn_ids`` or ``params.stop_token_ids``.
 
         Logprobs are those of the distribution the token was drawn from: after
         temperature, top-k and top-p (renormalised). With temperature 0 the
@@ -227,6 +234,7 @@ class LocalSampler:
                 rng=self._rng,
                 on_done=done,
                 on_forward=forward,
+                eos_ids=self.end_of_turn_ids,
             )
         finally:
             with self._lock:
