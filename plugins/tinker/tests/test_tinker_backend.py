@@ -388,15 +388,14 @@ def test_parity_batch_reaches_the_wire_unchanged(backend: TinkerBackend, service
     """core.testing.parity through core's own datum step, then Tinker's datum translation:
     each trained row's advantages reach the wire as the specification says (shifted by one,
     masked), and no row of a failed rollout is sent."""
-    from types import SimpleNamespace
-
     from core.testing.parity import expected_token_advantages, parity_batch
-    from core.trainer.loop import Trainer
+    from core.trainer.signal import build_signal
 
     batch = parity_batch()
-    algo = OmegaConf.create({"normalize_std": True, "exclude_failed": True, "token_mean_over": "batch"})
-    datums, _ = Trainer._datums(SimpleNamespace(algo=algo), batch)  # type: ignore[arg-type]
+    signal = build_signal(batch)  # the loop's own rollouts -> datums step, core's defaults
+    datums = signal.datums
     expected = expected_token_advantages(batch)
+    assert signal.sources == list(expected)  # one datum per trained row, in batch order
     masks = {(r.request.rollout_id, row.row_index): row.loss_mask for r in batch for row in r.rows}
     asyncio.run(backend.forward_backward(datums, "ppo", {"clip_low": 0.2, "clip_high": 0.2}))
     sent = service.log.forward_backward[0][0]
