@@ -5,6 +5,8 @@ then the end-of-turn token, with the true logprob of that choice (uniform
 over ten digits). It records what the loop sends it, so tests can check
 datums, steps, weight syncs, checkpoints and resumes in milliseconds and
 without torch. Learning itself is tested with the real local backend.
+``backend.fail_every=N`` makes every Nth sampler call fail (the gateway answers
+503), to test how the loop treats rollouts with broken model calls.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, SamplerError
 from core.interfaces import LOSS_NAMES
 from core.plugins import BackendRegistry, BackendSpec, hookimpl
 from core.types import (
@@ -33,20 +35,25 @@ from core.types import (
 
 
 class FakeSampler:
-    """Answers one random digit token and EOS; logprob log(1/10) for the digit, 0 for EOS."""
+    """Answers one random digit token and EOS; logprob log(1/10) for the digit, 0 for EOS.
+    With ``fail_every=N`` every Nth call raises ``SamplerError`` instead."""
 
-    def __init__(self, tokenizer: Any, version: int, seed: int) -> None:
+    def __init__(self, tokenizer: Any, version: int, seed: int, fail_every: int = 0) -> None:
         self._digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
         self._eos = int(tokenizer.eos_token_id)
         self._version = version
         self._rng = random.Random(seed)
+        self._fail_every = fail_every
         self.calls = 0
 
     async def sample(
         self, prompt_token_ids: Sequence[int], params: SamplingParams, *, session_id: str
     ) -> SampleResult:
         self.calls += 1
+        call = self.calls  # taken before the await: concurrent calls each get their own number
         await asyncio.sleep(0)
+        if self._fail_every and call % self._fail_every == 0:
+            raise SamplerError(f"fake sampler failure on call {call} (fail_every={self._fail_every})")
         digit = self._rng.choice(self._digits)
         tokens, logprobs = [digit, self._eos], [math.log(0.1), 0.0]
         if params.max_tokens < 2:
@@ -58,6 +65,7 @@ class FakeSampler:
 class FakeBackendConfig:
     name: str = "fake"
     seed_offset: int = 0
+    fail_every: int = 0
 
 
 @dataclass
@@ -71,15 +79,23 @@ class FakeBackend:
     optim_steps: int = 0
     datums_seen: list[list[Datum]] = field(default_factory=list)
     closed: bool = False
+    fail_every: int = 0
 
     def __post_init__(self) -> None:
-        self._sampler = FakeSampler(self.tokenizer, self.version, self.seed)
+        self._sampler = self._new_sampler(self.seed)
+
+    def _new_sampler(self, seed: int) -> FakeSampler:
+        return FakeSampler(self.tokenizer, self.version, seed, fail_every=self.fail_every)
 
     @classmethod
     def from_config(cls, cfg: Any) -> FakeBackend:
         from core.tokenizer import build_tiny_tokenizer
 
-        backend = cls(tokenizer=build_tiny_tokenizer(), seed=int(cfg.seed) + int(cfg.backend.seed_offset))
+        backend = cls(
+            tokenizer=build_tiny_tokenizer(),
+            seed=int(cfg.seed) + int(cfg.backend.seed_offset),
+            fail_every=int(cfg.backend.fail_every),
+        )
         CREATED.append(backend)
         return backend
 
@@ -114,7 +130,7 @@ class FakeBackend:
 
     async def sync_sampler(self) -> FakeSampler:
         self.version += 1
-        self._sampler = FakeSampler(self.tokenizer, self.version, self.seed + self.version)
+        self._sampler = self._new_sampler(self.seed + self.version)
         return self._sampler
 
     async def save_state(self, path: str) -> str:
@@ -127,7 +143,7 @@ class FakeBackend:
     async def load_state(self, path: str) -> None:
         state = json.loads((Path(path) / "fake.json").read_text())
         self.version, self.optim_steps = state["version"], state["optim_steps"]
-        self._sampler = FakeSampler(self.tokenizer, self.version, self.seed + self.version)
+        self._sampler = self._new_sampler(self.seed + self.version)
 
     async def aclose(self) -> None:
         self.closed = True

@@ -34,3 +34,40 @@ crashing = AgentApp()
 @crashing.entrypoint
 async def always_crash(payload: dict[str, Any]) -> dict[str, Any]:
     raise ConnectionError("cannot reach http://localhost:9999/v1: connection refused")
+
+
+constant = AgentApp()
+
+
+@constant.entrypoint
+async def constant_reward(payload: dict[str, Any]) -> dict[str, Any]:
+    """Calls the model like succ_digit, then scores every answer 1.0 (no learning signal)."""
+    await solve(payload)
+    return {"reward": 1.0}
+
+
+swallowing = AgentApp()
+
+
+@swallowing.entrypoint
+async def swallow_gateway_errors(payload: dict[str, Any]) -> dict[str, Any]:
+    """succ_digit, except that a failed model call (the gateway's 503) is swallowed and
+    scored 0.0, as a careless agent would."""
+    try:
+        return await solve(payload)
+    except RuntimeError:
+        return {"reward": 0.0}
+
+
+huge = AgentApp()
+
+
+@huge.entrypoint
+async def huge_rewards(payload: dict[str, Any]) -> dict[str, Any]:
+    """succ_digit, except that rows marked ``huge`` return an enormous reward."""
+    result = await solve(payload)
+    if payload.get("huge") == "float":
+        result["reward"] = 1e200
+    elif payload.get("huge") == "int":
+        result["reward"] = 10**400
+    return result

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.errors import RunAborted
+from core.errors import ConfigError, RunAborted
 from core.plugins import load_plugins
 from core.testing.fakes import CREATED, compose, fake_backend_plugin
+from core.testing.parity import expected_token_advantages
+from core.trainer.checkpoint import RunDirLock
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
+from core.trainer.rollouts import RolloutOutcome
+from core.types import Datum
 
 HERE = Path(__file__).parent
 
@@ -156,3 +162,220 @@ def test_canary_reports_a_crashing_agent(tmp_path: Path) -> None:
     cfg, plugins = _cfg(tmp_path, agent="loop_agents:crashing")
     with pytest.raises(RunAborted, match=r"(?s)canary rollout failed with status 'crashed'.*connection refused"):
         asyncio.run(Trainer(cfg, plugins).run())
+
+
+# -- the advantages forward_backward receives (#14 D) -----------------------------------
+
+
+def _spy_on_rollouts(monkeypatch: pytest.MonkeyPatch) -> list[list[RolloutOutcome]]:
+    """Record each step's outcomes as the loop got them from the runner (read-only spy)."""
+    seen: list[list[RolloutOutcome]] = []
+    original = Trainer._rollouts
+
+    async def spy(self: Trainer) -> list[RolloutOutcome]:
+        outcomes = await original(self)
+        seen.append(outcomes)
+        return outcomes
+
+    monkeypatch.setattr(Trainer, "_rollouts", spy)
+    return seen
+
+
+def _assert_backend_got_the_specified_advantages(
+    steps: list[list[RolloutOutcome]], sent: list[list[Datum]]
+) -> int:
+    """Each step's datums, as the fake backend received them, carry the advantages
+    ``core.testing.parity`` specifies for that step's outcomes (shifted by one);
+    steps without signal send nothing. Returns how many non-zero advantages were seen."""
+    expected_steps = []
+    for outcomes in steps:
+        spec = expected_token_advantages(outcomes)  # type: ignore[arg-type]
+        rows = [
+            spec[(o.request.rollout_id, row.row_index)][1:]
+            for o in outcomes
+            for row in o.rows
+            if (o.request.rollout_id, row.row_index) in spec
+        ]
+        if any(a != 0.0 for adv in rows for a in adv):
+            expected_steps.append(rows)
+    assert len(sent) == len(expected_steps), "steps with signal and forward_backward calls differ"
+    nonzero = 0
+    for datums, want in zip(sent, expected_steps, strict=True):
+        got = [list(d.advantages) for d in datums]
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g == pytest.approx(w, abs=1e-9)
+            nonzero += sum(1 for a in g if a != 0.0)
+    return nonzero
+
+
+def _signal_cfg(tmp_path: Path) -> tuple[Any, Any]:
+    # 4 groups of 8 over 2 steps: the chance that no group has a correct digit is ~1e-3
+    return _cfg(tmp_path, "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=8",
+                "trainer.eval_every=0", "task.eval_path=''")
+
+
+@pytest.mark.integration
+def test_forward_backward_gets_the_specified_advantages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = _spy_on_rollouts(monkeypatch)
+    cfg, plugins = _signal_cfg(tmp_path)
+    CREATED.clear()
+    _train(cfg, plugins)
+    backend = CREATED[-1]
+    nonzero = _assert_backend_got_the_specified_advantages(steps, backend.datums_seen)
+    assert nonzero > 0  # the run had signal, so a zeroing bug could not hide
+    # signs: a correct reply (reward 1) is pushed up, a wrong one down
+    for datums in backend.datums_seen:
+        for d in datums:
+            trained = {a for a, w in zip(d.advantages, d.weights, strict=True) if w}
+            assert len(trained) == 1
+
+
+def _negate(stats: Any) -> Any:
+    stats.advantages = {k: -v for k, v in stats.advantages.items()}
+    return stats
+
+
+def _zero(stats: Any) -> Any:
+    stats.advantages = {k: 0.0 for k in stats.advantages}
+    return stats
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("where", "sabotage"),
+    [("advantages", _negate), ("advantages", _zero), ("datum", "negate")],
+    ids=["negated-advantages", "zeroed-advantages", "negated-datum"],
+)
+def test_the_advantage_check_catches_a_sabotaged_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, sabotage: Any
+) -> None:
+    """Proof that the test above fails when the loop zeroes or flips the advantages."""
+    import core.trainer.signal as signal_module
+
+    if where == "advantages":
+        original = signal_module.compute_group_advantages
+        monkeypatch.setattr(signal_module, "compute_group_advantages", lambda *a, **k: sabotage(original(*a, **k)))
+    else:
+        to_datum = signal_module.trace_to_datum
+        monkeypatch.setattr(signal_module, "trace_to_datum", lambda row, adv: to_datum(row, -adv))
+    steps = _spy_on_rollouts(monkeypatch)
+    cfg, plugins = _signal_cfg(tmp_path)
+    CREATED.clear()
+    _train(cfg, plugins)
+    with pytest.raises(AssertionError):
+        _assert_backend_got_the_specified_advantages(steps, CREATED[-1].datums_seen)
+
+
+# -- steps without signal, loss config, broken rollouts (#14 E, #14.6, #15.10) ------------
+
+
+@pytest.mark.integration
+def test_a_step_without_signal_skips_the_update(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=2", agent="loop_agents:constant")
+    CREATED.clear()
+    trainer = _train(cfg, plugins)
+    backend = CREATED[-1]
+    assert backend.datums_seen == [] and backend.optim_steps == 0 and backend.version == 0
+    records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["train/skipped"] for r in records] == [1.0, 1.0]
+    assert all(r["groups/skipped_constant"] == 2 and r["weight_version"] == 0 for r in records)
+
+
+def test_importance_sampling_with_ppo_clip_settings_fails_at_config_time(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path, "algorithm.loss=importance_sampling")
+    with pytest.raises(ConfigError, match="loss=importance_sampling clips nothing") as info:
+        Trainer(cfg, plugins)
+    fix = str(info.value).split("drop them with '")[1].split("'")[0].split()
+    assert fix == ["~algorithm.loss_config.clip_high", "~algorithm.loss_config.clip_low"]
+    cfg, plugins = _cfg(tmp_path, "algorithm.loss=importance_sampling", *fix)
+    Trainer(cfg, plugins)  # the suggested fix is accepted
+    cfg, plugins = _cfg(tmp_path, "algorithm.std=unbiased")
+    with pytest.raises(ConfigError, match="algorithm.std='unbiased'"):
+        Trainer(cfg, plugins)
+    cfg, plugins = _cfg(tmp_path, "trainer.exclude_on=[sampler_errors]")
+    with pytest.raises(ConfigError, match="exclude_on"):
+        Trainer(cfg, plugins)
+
+
+@pytest.mark.integration
+def test_rollouts_that_swallowed_a_sampler_error_are_excluded_and_counted(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path, "backend.fail_every=5", "trainer.canary=false",
+                        "trainer.max_failure_rate=0.9", agent="loop_agents:swallowing")
+    CREATED.clear()
+    trainer = _train(cfg, plugins)
+    records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert sum(r["rollouts/sampler_error"] for r in records) > 0
+    for r in records:
+        assert r["rollouts/sampler_error"] == r["faults/sampler_errors"]  # one failed call each
+        assert r["rollouts/excluded_failed"] == r["rollouts/failed"] == r["rollouts/sampler_error"]
+        assert r["rollouts/ok"] + r["rollouts/sampler_error"] == 8
+    trained = sum(len(d) for d in CREATED[-1].datums_seen)
+    assert trained <= sum(r["rollouts/ok"] for r in records)  # only ok rollouts reach the backend
+
+
+@pytest.mark.integration
+def test_huge_rewards_become_invalid_reward_rollouts(tmp_path: Path) -> None:
+    data = tmp_path / "huge.jsonl"
+    kinds = ["float", "int", None, None]
+    rows = [{"n": n % 10, "answer": str((n + 1) % 10), "huge": kinds[n % 4]} for n in range(20)]
+    data.write_text("".join(json.dumps({"payload": r}) + "\n" for r in rows))
+    cfg, plugins = _cfg(tmp_path, f"task.train_path={data}", "trainer.batch_size=4", "trainer.canary=false",
+                        "trainer.max_failure_rate=0.9", agent="loop_agents:huge")
+    trainer = _train(cfg, plugins)
+    records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        huge_rows = sum(1 for i in r["data/batch"] if rows[i]["huge"])
+        assert r["rollouts/invalid_reward"] == 4 * huge_rows  # group_size 4
+        assert r["rollouts/ok"] == 16 - 4 * huge_rows
+    assert sum(r["rollouts/invalid_reward"] for r in records) > 0
+    assert all(r["reward/mean"] is None or r["reward/mean"] <= 1.0 for r in records)
+
+
+# -- run directories (#15.11) ---------------------------------------------------------------
+
+
+def test_a_fresh_run_over_an_old_runs_checkpoints_is_refused(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path)
+    old = Path(str(cfg.run_dir)) / "checkpoints" / "step_000050"
+    old.mkdir(parents=True)
+    (old / "trainer_state.json").write_text(json.dumps({"step": 50, "data": {}, "backend_path": "x"}))
+    CREATED.clear()
+    with pytest.raises(ConfigError, match=r"already holds checkpoints \(step_000050.*trainer.resume=true"):
+        asyncio.run(Trainer(cfg, plugins).run())
+    assert CREATED == []  # refused before building the backend
+
+
+def test_a_second_run_into_a_run_dir_in_use_is_refused(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path)
+    run_dir = Path(str(cfg.run_dir))
+    run_dir.mkdir(parents=True)
+    holder = RunDirLock(run_dir)
+    try:
+        with pytest.raises(ConfigError, match="is in use by another training run"):
+            asyncio.run(Trainer(cfg, plugins).run())
+    finally:
+        holder.release()
+
+
+def test_default_run_dirs_of_runs_started_together_differ() -> None:
+    plugins = load_plugins(extra_plugins=(fake_backend_plugin(),))
+    dirs = [str(compose(["backend=fake"], plugins).run_dir) for _ in range(3)]
+    assert len(set(dirs)) == 3, dirs
+    assert all(re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-\d{6}", d) for d in dirs), dirs
+
+
+@pytest.mark.integration
+def test_steps_replayed_after_a_crash_are_logged_once(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=4", "trainer.save_every=2")
+    first = _train(cfg, plugins)
+    # a crash after step 4 was logged but before its checkpoint landed
+    shutil.rmtree(first.run_dir / "checkpoints" / "step_000004")
+    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=4", "trainer.save_every=2", "trainer.resume=true")
+    resumed = _train(cfg, plugins)
+    assert resumed.step == 4
+    raw = [json.loads(line) for line in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw if "reward/mean" in r] == [1, 2, 3, 4, 3, 4]  # 3 and 4 replayed
+    records = [r for r in read_metrics(resumed.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
