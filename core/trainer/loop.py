@@ -102,10 +102,12 @@ def check_loss_config(loss: str, loss_config: Any) -> None:
             raise ConfigError(f"algorithm.loss_config.{key!s} must be a number, got {value!r}")
     clips = sorted(str(k) for k in config if k in _CLIP_KEYS)
     if loss in _UNCLIPPED_LOSSES and clips:
+        drop = " ".join(f"~algorithm.loss_config.{k}" for k in clips)
         raise ConfigError(
             f"algorithm.loss={loss} clips nothing, but algorithm.loss_config sets {clips} "
-            "(the default loss_config is PPO's clip range); drop them with "
-            f"'algorithm.loss_config={{}}' (or ~algorithm.loss_config.{clips[0]}), or use loss=ppo or cispo"
+            f"(the default loss_config is PPO's clip range); drop them with '{drop}' on the "
+            "command line (Hydra merges 'algorithm.loss_config={}' into the default instead of "
+            "replacing it), or use loss=ppo or cispo"
         )
 
 
