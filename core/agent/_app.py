@@ -25,7 +25,6 @@ import traceback
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from core.agent._auth import TOKEN_HEADER, guard
+from core.agent._pool import HandlerPool, PoolState
 from core.agent._protocol import (
     ENVELOPE_KEY,
     ROLLOUT_KEY,
@@ -160,7 +160,7 @@ class AgentApp:
         self._invocations: OrderedDict[tuple[str, str], _Invocation] = OrderedDict()
         self._live = 0
         self._last_change = time.time()
-        self._executor: ThreadPoolExecutor | None = None
+        self._pool = HandlerPool(self.max_threads)
         self._s3 = S3ResultWriter()
         self._asgi = Starlette(
             routes=[
@@ -208,15 +208,35 @@ class AgentApp:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks, timeout=5)
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
 
     def ping_status(self) -> str:
-        """``HealthyBusy`` while any invocation runs, else ``Healthy``."""
+        """``Unhealthy`` when every handler thread is taken, ``HealthyBusy`` while any
+        invocation runs, else ``Healthy``."""
+        if self._pool.state().exhausted:
+            return "Unhealthy"
         return "HealthyBusy" if self._live else "Healthy"
 
+    def pool_state(self) -> PoolState:
+        """Threads of the sync-handler pool: in use, abandoned by cancelled invocations, queued."""
+        return self._pool.state()
+
     async def _ping_route(self, _request: Request) -> JSONResponse:
-        return _JSON({"status": self.ping_status(), "time_of_last_update": int(self._last_change)})
+        pool = self._pool.state()
+        body: dict[str, Any] = {
+            "status": self.ping_status(),
+            "time_of_last_update": int(self._last_change),
+            "threads": pool.as_dict(),
+        }
+        if not pool.exhausted:
+            return _JSON(body)
+        # AgentCore's contract knows only Healthy/HealthyBusy; a 503 is what any health
+        # checker (and tracerl's local runtime) reads as "this process cannot serve".
+        body["reason"] = (
+            f"all {pool.max} handler threads are busy ({pool.abandoned} of them still running "
+            f"handlers whose invocation was cancelled); new sync invocations wait for a thread"
+        )
+        return _JSON(body, status_code=503)
 
     async def _invocations_route(self, request: Request) -> JSONResponse:
         try:
@@ -258,7 +278,11 @@ class AgentApp:
                 except ValueError as exc:
                     return _JSON({"error": str(exc)}, status_code=400)
             self._start(session_id, invocation_id, payload, headers, s3=s3, result_key=result_key)
-            reply: dict[str, Any] = {"status": "processing", "invocation_id": invocation_id}
+            reply: dict[str, Any] = {
+                "status": "processing",
+                "invocation_id": invocation_id,
+                SERVER_MARKER: 1,  # a runtime may cancel it with the start/get envelope
+            }
             if s3 is not None:
                 reply.update(s3_bucket=s3["s3_bucket"], result_key=result_key)
             return _JSON(reply)
@@ -428,11 +452,7 @@ class AgentApp:
         return result
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
-        # A dedicated pool: asyncio's default one has min(32, cores + 4) threads,
-        # which would serialize a few hundred concurrent sync handlers.
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.max_threads, thread_name_prefix="agent")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await self._pool.run(fn)
 
     def _evict(self) -> None:
         finished = [k for k, i in self._invocations.items() if i.state is not None]

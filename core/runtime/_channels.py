@@ -56,7 +56,7 @@ class Invocation:
     proc: AgentProcess
     """Process serving it."""
     generation: int
-    """``proc.restarts`` when it started; a change means the process was replaced."""
+    """``proc.generation`` when it started; a change means the process was replaced."""
     session_id: str
     """Runtime session id (also the gateway session id)."""
     invocation_id: str
@@ -65,6 +65,8 @@ class Invocation:
     """Full payload, ``_config`` included."""
     group_id: str
     """GRPO group (the toolkit's ``input_id``)."""
+    remote_id: str = ""
+    """The agent's own id for the invocation when it can be cancelled (S3 channel)."""
 
 
 def _check_reply(r: httpx.Response | FastResponse, what: str) -> Any:
@@ -246,6 +248,8 @@ class S3Channel:
         reply = _check_reply(r, "rollout request")
         key = s3_result_key(self.exp_id, inv.group_id, inv.session_id)
         check_result_key(reply, self.bucket, key)
+        if isinstance(reply, dict) and reply.get(SERVER_MARKER):
+            inv.remote_id = str(reply.get("invocation_id") or "")
         delay = self.poll_interval_s
         while True:
             try:
@@ -257,7 +261,7 @@ class S3Channel:
                     raise AgentFault(
                         RolloutStatus.CRASHED, f"S3 head_object {key!r} failed: {exc}"
                     ) from exc
-            if not inv.proc.alive() or inv.proc.restarts != inv.generation:
+            if not inv.proc.alive() or inv.proc.generation != inv.generation:
                 raise AgentFault(
                     RolloutStatus.CRASHED,
                     f"the agent process exited before saving s3://{self.bucket}/{key}",
@@ -274,7 +278,23 @@ class S3Channel:
             ) from exc
 
     async def cancel(self, inv: Invocation) -> None:
-        """The toolkit's app has no cancel; AgentCore would stop the session. Nothing to do locally."""
+        """Cancel a ``core.agent`` invocation by its id; the toolkit's app has no cancel (best effort)."""
+        if not inv.remote_id or inv.generation != inv.proc.generation:
+            return
+        op = InvocationOp("cancel", inv.remote_id)
+        try:
+            await self.client.post(
+                f"{inv.proc.base_url}/invocations",
+                content=json.dumps({ENVELOPE_KEY: op.to_envelope()}),
+                headers={
+                    SESSION_HEADER: inv.session_id,
+                    "content-type": "application/json",
+                    **inv.proc.auth_headers,
+                },
+                timeout=5.0,
+            )
+        except httpx.HTTPError:
+            pass
 
     def close(self) -> None:
         """Release the polling threads."""

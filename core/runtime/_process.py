@@ -68,6 +68,13 @@ class AgentProcess:
         self.port: int | None = None
         self.in_flight = 0
         self.restarts = 0
+        """Replacements after the process died (bounded by ``max_restarts``)."""
+        self.recycles = 0
+        """Replacements of a live process whose handlers were stuck (not bounded)."""
+        self.generation = 0
+        """Spawns so far minus one: a change means the process serving a rollout was replaced."""
+        self.replaced_because = ""
+        """Why the last replacement happened (for the errors of rollouts it ended)."""
         self.healthy = False
         self.token = ""
         """The invocation token of the current spawn (a new one per spawn)."""
@@ -161,17 +168,27 @@ class AgentProcess:
             f" ends with:\n{tail}" if tail else " is empty"
         )
 
-    async def restart(self, client: HTTPClient, timeout_s: float) -> bool:
-        """Replace a dead process; False (and ``healthy`` False) if the new one never listens.
+    async def restart(
+        self, client: HTTPClient, timeout_s: float, *, recycle_because: str = ""
+    ) -> bool:
+        """Replace the process; False (and ``healthy`` False) if the new one never listens.
 
-        Concurrent callers share one restart: whoever finds the process already
-        replaced and healthy returns at once.
+        Without ``recycle_because`` this replaces a dead process, and concurrent
+        callers share one restart: whoever finds the process already replaced and
+        healthy returns at once. With it, a live process is killed and replaced
+        (a recycle, which does not count against ``max_restarts``).
         """
         async with self._restart_lock:
-            if self.alive() and self.healthy:
+            if self.alive() and self.healthy and not recycle_because:
                 return True
             self.kill()
-            self.restarts += 1
+            if recycle_because:
+                self.recycles += 1
+                self.replaced_because = f"it was recycled: {recycle_because}"
+            else:
+                self.restarts += 1
+                self.replaced_because = "it died and was restarted"
+            self.generation += 1
             self.spawn()
             try:
                 await self.wait_ready(client, timeout_s)

@@ -259,6 +259,7 @@ class LocalRuntime:
                 except TimeoutError:
                     if inv is not None:
                         await self._cancel_remote(inv)
+                        await self._recycle_if_stuck(inv)
                     return failed(
                         rid,
                         RolloutStatus.TIMEOUT,
@@ -270,6 +271,7 @@ class LocalRuntime:
                 raise
             if inv is not None:
                 await self._cancel_remote(inv)
+                await self._recycle_if_stuck(inv)
             return failed(
                 rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0
             )
@@ -286,7 +288,7 @@ class LocalRuntime:
         proc.in_flight += 1
         return Invocation(
             proc=proc,
-            generation=proc.restarts,
+            generation=proc.generation,
             session_id=request.session_id,
             invocation_id=uuid.uuid4().hex,
             payload=self._payload(request),
@@ -319,7 +321,7 @@ class LocalRuntime:
         except AgentFault as fault:
             if fault.status is RolloutStatus.CRASHED and not inv.proc.alive():
                 self._schedule_restart(inv.proc)
-            return failed(rid, fault.status, str(fault), time.monotonic() - t0)
+            return failed(rid, fault.status, self._replaced(inv, str(fault)), time.monotonic() - t0)
         except httpx.HTTPError as exc:
             return await self._transport_failure(inv, rid, exc, t0)
         return result_from_output(rid, output, time.monotonic() - t0)
@@ -333,28 +335,82 @@ class LocalRuntime:
                 break
             await asyncio.sleep(0.05)
         elapsed = time.monotonic() - t0
-        if proc.proc is not None and proc.proc.poll() is not None:
+        if inv.generation != proc.generation:
+            what = self._replaced(inv, f"agent process {proc.index} dropped the connection")
+        elif proc.proc is not None and proc.proc.poll() is not None:
             what = f"agent process {proc.index} (pid {proc.pid}) exited with code {proc.proc.returncode} mid-rollout"
             self._schedule_restart(proc)
         else:
             what = f"agent process {proc.index} could not be reached ({type(exc).__name__}: {exc})"
         return failed(rid, RolloutStatus.CRASHED, f"{what}; log: {proc.log_path}", elapsed)
 
-    def _schedule_restart(self, proc: AgentProcess) -> None:
+    def _schedule_restart(self, proc: AgentProcess, *, recycle_because: str = "") -> None:
         proc.healthy = False
-        if self._closed or proc.restarts >= self.config.max_restarts:
+        if self._closed or (not recycle_because and proc.restarts >= self.config.max_restarts):
             return
         if any(t.get_name() == f"restart-{proc.index}" for t in self._background):
             return
         assert self._client is not None
         task = asyncio.create_task(
-            proc.restart(self._client, self.config.startup_timeout_s), name=f"restart-{proc.index}"
+            proc.restart(
+                self._client, self.config.startup_timeout_s, recycle_because=recycle_because
+            ),
+            name=f"restart-{proc.index}",
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        logger.warning(
-            "agent process %d died; restarting it (restart %d)", proc.index, proc.restarts + 1
+        if recycle_because:
+            logger.warning(
+                "agent process %d (pid %s) is recycled: %s; see %s",
+                proc.index,
+                proc.pid,
+                recycle_because,
+                proc.log_path,
+            )
+        else:
+            logger.warning(
+                "agent process %d died; restarting it (restart %d)", proc.index, proc.restarts + 1
+            )
+
+    @staticmethod
+    def _replaced(inv: Invocation, error: str) -> str:
+        """``error``, led by why the process was replaced when that is what ended the rollout."""
+        proc = inv.proc
+        if inv.generation == proc.generation or not proc.replaced_because:
+            return error
+        return f"agent process {proc.index} was replaced mid-rollout because {proc.replaced_because} ({error})"
+
+    async def _recycle_if_stuck(self, inv: Invocation) -> None:
+        """Replace ``inv``'s process if handlers stuck past their rollouts' end exhausted its pool.
+
+        Called after a rollout timed out or was cancelled (its handler may be one
+        of them). The agent's ``/ping`` answers 503 once every handler thread is
+        taken and counts the threads still running for cancelled invocations.
+        Both together mean the process cannot serve sync handlers any more:
+        every rollout sent there would wait for a thread until its own timeout.
+        The process is killed and respawned; rollouts still in flight on it
+        fail ``crashed`` saying so, new ones wait for the fresh process.
+        """
+        proc = inv.proc
+        if self._closed or self._client is None or inv.generation != proc.generation:
+            return
+        if not proc.alive() or not proc.healthy:
+            return
+        try:
+            r = await self._client.get(f"{proc.base_url}/ping", timeout=2.0)
+            threads = r.json().get("threads") if r.status_code == 503 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        if not isinstance(threads, dict) or int(threads.get("abandoned") or 0) < 1:
+            return
+        why = (
+            f"all {threads.get('max')} of its handler threads were busy, "
+            f"{threads.get('abandoned')} of them with handlers still running after their "
+            "rollout timed out or was cancelled (sync handlers cannot be interrupted)"
         )
+        if inv.generation != proc.generation or not proc.healthy:
+            return  # someone else replaced it while we asked
+        self._schedule_restart(proc, recycle_because=why)
 
     async def _cancel_remote(self, inv: Invocation) -> None:
         if self._channel is None:

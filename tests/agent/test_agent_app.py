@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -331,3 +332,50 @@ def test_cli_binds_loopback_by_default_and_demands_the_env_token(tmp_path: Path)
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_ping_reports_an_exhausted_pool_of_abandoned_sync_handlers() -> None:
+    """A cancelled sync handler keeps its thread: /ping counts it and, once all are taken, 503s."""
+    app = AgentApp(max_threads=1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    @app.entrypoint
+    def handler(payload: dict[str, Any]) -> dict[str, Any]:
+        ran.append(payload["tag"])
+        release.wait(30)
+        return {"reward": 1.0}
+
+    async def body(client: httpx.AsyncClient) -> None:
+        ping = (await client.get("/ping")).json()
+        assert ping["status"] == "Healthy"
+        assert ping["threads"] == {"max": 1, "busy": 0, "abandoned": 0, "queued": 0}
+        await _post(client, {"tag": "stuck", **_op("start", "a", background=True)})
+        while not ran:
+            await asyncio.sleep(0.01)
+        await _post(client, {"tag": "queued", **_op("start", "b", background=True)})
+        while app.pool_state().queued == 0:  # its task reaches the pool on its first step
+            await asyncio.sleep(0.01)
+        r = await client.get("/ping")
+        assert r.status_code == 503 and r.json()["status"] == "Unhealthy"
+        assert r.json()["threads"] == {"max": 1, "busy": 1, "abandoned": 0, "queued": 1}
+        for inv in ("a", "b"):
+            state = (await _post(client, _op("cancel", inv))).json()
+            assert "cancelled" in state["error"]
+        r = await client.get("/ping")
+        assert r.status_code == 503 and "1 of them" in r.json()["reason"]
+        assert r.json()["threads"] == {"max": 1, "busy": 1, "abandoned": 1, "queued": 0}
+        release.set()
+        for _ in range(200):
+            r = await client.get("/ping")
+            if r.status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert r.json()["status"] == "Healthy"
+        assert r.json()["threads"] == {"max": 1, "busy": 0, "abandoned": 0, "queued": 0}
+        assert ran == ["stuck"], "a call cancelled while queued must never run"
+
+    try:
+        _run(app, body)
+    finally:
+        release.set()

@@ -25,10 +25,11 @@ pytestmark = pytest.mark.integration
 def run_with(
     body: Callable[[LocalRuntime], Awaitable[None]],
     agent: str = "tracerl_test_agents:app",
+    env_extra: dict[str, str] | None = None,
     **kw: Any,
 ) -> None:
     async def main() -> None:
-        rt = LocalRuntime(agent, env=agent_env(), **{"num_processes": 2, **kw})
+        rt = LocalRuntime(agent, env=agent_env(**(env_extra or {})), **{"num_processes": 2, **kw})
         await rt.start()
         try:
             await body(rt)
@@ -340,3 +341,41 @@ def test_agents_listen_on_loopback_and_demand_the_runtime_token() -> None:
         assert res.status is RolloutStatus.OK and res.reward == 0.25
 
     run_with(body)
+
+
+def test_stuck_sync_handlers_get_their_process_recycled() -> None:
+    """A real agent process whose sync handlers hang: two threads, both taken for good.
+
+    Once a hung rollout has timed out and the pool is full, the runtime replaces
+    the process: the other hung rollout and the one queued behind them fail
+    ``crashed`` saying why, and the next rollouts run on the fresh process.
+    Before, every later rollout waited for a thread until its own timeout.
+    """
+
+    async def body(rt: LocalRuntime) -> None:
+        proc = rt.processes[0]
+        old_pid = proc.pid
+        short = make_request({"mode": "hang"}, timeout_s=1.0)
+        long = make_request({"mode": "hang"}, timeout_s=30.0)
+        hung = [asyncio.create_task(rt.run_rollout(r)) for r in (short, long)]
+        await asyncio.sleep(0.3)
+        queued = asyncio.create_task(rt.run_rollout(make_request({}, timeout_s=30.0)))
+        t0 = time.monotonic()
+        res_short, res_long = await asyncio.gather(*hung)
+        res_queued = await queued
+        assert time.monotonic() - t0 < 10, "the recycle must not wait for the other timeouts"
+        assert res_short.status is RolloutStatus.TIMEOUT
+        for res in (res_long, res_queued):
+            assert res.status is RolloutStatus.CRASHED, res
+            assert "recycled" in (res.error or "") and "handler threads" in (res.error or "")
+        after = await asyncio.gather(*(rt.run_rollout(make_request({})) for _ in range(3)))
+        assert all(r.status is RolloutStatus.OK and r.reward == 0.5 for r in after), after
+        assert {r.metrics["pid"] for r in after} == {proc.pid} and proc.pid != old_pid
+        assert (proc.recycles, proc.restarts) == (1, 0), "a recycle is not a crash restart"
+
+    run_with(
+        body,
+        agent="tracerl_test_agents:sync_app",
+        num_processes=1,
+        env_extra={"TRACERL_AGENT_THREADS": "2"},
+    )

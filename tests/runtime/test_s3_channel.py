@@ -12,6 +12,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from local_runtime_helpers import agent_env, make_request
 
@@ -126,3 +127,30 @@ def test_the_stored_result_holds_no_session_key(s3_endpoint: str) -> None:
         "sampling_params": req.sampling_params,
     }
     assert "_config" not in saved["payload"] and "result_key" not in saved
+
+
+def test_a_timed_out_s3_rollout_is_cancelled_in_the_agent(s3_endpoint: str) -> None:
+    """The S3 channel cancels a core.agent invocation on timeout, as the HTTP channel does."""
+
+    async def main() -> tuple[RolloutResult, str]:
+        rt = LocalRuntime(
+            "tracerl_test_agents:app",
+            env=agent_env(AWS_ENDPOINT_URL_S3=s3_endpoint, **CREDS),
+            num_processes=1,
+            result_channel="s3",
+            s3_bucket=BUCKET,
+            s3_endpoint_url=s3_endpoint,
+            s3_exp_id="exp-cancel",
+        )
+        await rt.start()
+        try:
+            res = await rt.run_rollout(make_request({"mode": "hang"}, timeout_s=1.0))
+            async with httpx.AsyncClient(trust_env=False) as client:
+                ping = await client.get(f"{rt.processes[0].base_url}/ping")
+            return res, ping.json()["status"]
+        finally:
+            await rt.aclose()
+
+    res, status = asyncio.run(main())
+    assert res.status is RolloutStatus.TIMEOUT
+    assert status == "Healthy", "the hung handler must have been cancelled, not left running"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 from core.agent import AgentApp, ModelConfig, RequestContext
@@ -59,7 +60,9 @@ sync_app = AgentApp()
 
 @sync_app.entrypoint
 def sync_handler(payload: dict) -> dict:
+    if payload.get("mode") == "hang":  # stuck for good: a thread cannot be interrupted
+        threading.Event().wait()
     time.sleep(float(payload.get("sleep_s", 0.0)))
     if payload.get("mode") == "raise":
         raise KeyError("sync bug")
-    return {"reward": 0.5}
+    return {"reward": 0.5, "metrics": {"pid": os.getpid()}}
