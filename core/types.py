@@ -90,7 +90,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Stop strings; generation ends after the token that completes one."""
     stop_token_ids: tuple[int, ...] = ()
-    """Extra stop token ids, on top of the model's end-of-sequence token."""
+    """Stop token ids, on top of the model's end-of-sequence token. The gateway puts
+    every end-of-turn id of the model here (``core.tokenizer.end_of_turn_ids``), so a
+    sampler must honour them all: a model whose turn ends with another token than
+    EOS (``<|eot_id|>``) would otherwise generate past its turn."""
     seed: int | None = None
     """Seed for reproducible sampling, when the backend supports it."""
 
