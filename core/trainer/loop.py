@@ -5,7 +5,8 @@ through the runtime and the gateway, turn the recorded rows into datums with
 group-relative advantages (failed rollouts excluded), ``forward_backward``,
 ``optim_step``, rebind the gateway to the new sampler; evaluate and
 checkpoint on schedule. A step whose groups carry no signal (all constant,
-lone or failed) skips the update (``train/skipped``). Guards: a canary
+lone or failed) skips the update (``train/skipped``), unless the loss has an
+entropy bonus. Guards: a canary
 rollout before training, an abort when a step's rollout failure rate passes
 ``max_failure_rate``, one run at a time per ``run_dir``, and no fresh run
 over an old run's checkpoints.
@@ -358,7 +359,8 @@ class Trainer:
             "train/logprob_diff_max": math.nan,
             "train/skipped": 1.0,
         }
-        if signal.has_signal:
+        # An entropy bonus (loss_config.entropy_coef) is a gradient without advantages.
+        if signal.has_signal or (datums and float(self.algo.loss_config.get("entropy_coef", 0.0)) > 0):
             t0 = time.perf_counter()
             train_metrics.update(await self._train(datums))
             train_metrics["train/skipped"] = 0.0

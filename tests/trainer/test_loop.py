@@ -282,6 +282,18 @@ def test_a_step_without_signal_skips_the_update(tmp_path: Path) -> None:
     assert all(r["groups/skipped_constant"] == 2 and r["weight_version"] == 0 for r in records)
 
 
+@pytest.mark.integration
+def test_an_entropy_bonus_still_trains_a_step_without_advantages(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=1", "+algorithm.loss_config.entropy_coef=0.01",
+                        agent="loop_agents:constant")
+    CREATED.clear()
+    trainer = _train(cfg, plugins)
+    backend = CREATED[-1]
+    assert backend.optim_steps == 1 and len(backend.datums_seen) == 1
+    records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert records[0]["train/skipped"] == 0.0
+
+
 def test_importance_sampling_with_ppo_clip_settings_fails_at_config_time(tmp_path: Path) -> None:
     cfg, plugins = _cfg(tmp_path, "algorithm.loss=importance_sampling")
     with pytest.raises(ConfigError, match="loss=importance_sampling clips nothing") as info:
