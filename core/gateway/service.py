@@ -316,8 +316,9 @@ class Gateway:
 
         Raises:
             GatewayError: 401/409 session problems, 400 bad input or context
-                overflow, 503 sampler failure. Cancelling the call (client gone)
-                records nothing.
+                overflow, 503 sampler failure or a generation the sampler aborted
+                (``generation_aborted``, counted in ``aborted_turns``). Nothing is
+                recorded then, nor when the call is cancelled (client gone).
         """
         s = self.open_session(sid)
         if req.tools and self._parse is None:
