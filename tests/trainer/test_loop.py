@@ -42,6 +42,13 @@ REQUIRED_KEYS = {
     "time/train",
     "time/weight_sync",
     "time/loop_overhead_frac",
+    "train/skipped",
+    "rollouts/sampler_error",
+    "rollouts/no_model_calls",
+    "faults/sampler_errors",
+    "faults/in_flight_at_finish",
+    "faults/aborted_turns",
+    "faults/disconnected_turns",
 }
 
 
