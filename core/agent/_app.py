@@ -117,6 +117,11 @@ def _error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()
 
 
+def _in_container() -> bool:
+    """Docker's marker file or variable, the test bedrock-agentcore's ``app.run()`` uses too."""
+    return os.path.exists("/.dockerenv") or bool(os.environ.get("DOCKER_CONTAINER"))
+
+
 class AgentApp:
     """An agent server: decorate one handler, serve it under AgentCore's HTTP contract.
 
@@ -471,8 +476,7 @@ class AgentApp:
         import uvicorn  # lazy: importing an agent module must not start a server stack
 
         if host is None:
-            in_container = os.path.exists("/.dockerenv") or bool(os.environ.get("DOCKER_CONTAINER"))
-            host = "0.0.0.0" if in_container else "127.0.0.1"
+            host = "0.0.0.0" if _in_container() else "127.0.0.1"
         uvicorn.run(guard(self), host=host, port=port, **uvicorn_kwargs)
 
 

@@ -379,3 +379,27 @@ def test_ping_reports_an_exhausted_pool_of_abandoned_sync_handlers() -> None:
         _run(app, body)
     finally:
         release.set()
+
+
+def test_app_run_binds_loopback_outside_containers_and_guards_with_the_env_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``app.run()``'s choices, read where it hands over to uvicorn (no server is started;
+    whether we are in a container is stubbed, the one input this test cannot set)."""
+    import uvicorn
+
+    from core.agent._auth import TokenGuard
+
+    served: list[tuple[Any, str]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: served.append((app, host)))
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    app = AgentApp()
+    # This suite itself may run in Docker: decide "container or not" per call.
+    monkeypatch.setattr("core.agent._app._in_container", lambda: False)
+    app.run()
+    monkeypatch.setenv(TOKEN_ENV, "t0k")
+    monkeypatch.setattr("core.agent._app._in_container", lambda: True)
+    app.run()
+    (plain, plain_host), (guarded, container_host) = served
+    assert plain is app and plain_host == "127.0.0.1"
+    assert isinstance(guarded, TokenGuard) and guarded.app is app and container_host == "0.0.0.0"
