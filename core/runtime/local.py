@@ -331,7 +331,7 @@ class LocalRuntime:
     ) -> RolloutResult:
         proc = inv.proc
         for _ in range(20):  # a killed process drops its sockets a moment before it is reaped
-            if not proc.alive():
+            if not proc.alive() or inv.generation != proc.generation:
                 break
             await asyncio.sleep(0.05)
         elapsed = time.monotonic() - t0
