@@ -2,7 +2,8 @@
 
 Defines ``admin_routes(gateway)`` and the pydantic ``CreateSessionBody``.
 The admin token travels as ``Authorization: Bearer <token>`` or ``X-Admin-Token``;
-a missing token is 401, a wrong one 403.
+a missing token is 401, a wrong one 403. Bodies over ``gateway.max_admin_body_bytes``
+(session ``metadata`` included) are 413.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from core.gateway.errors import GatewayError, bad_request, forbidden, openai_envelope, unauthorized
+from core.gateway.fastpath import read_raw
 from core.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -76,7 +78,10 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         return endpoint
 
     async def create(request: Request) -> Any:
-        raw = await request.body()
+        cfg = gateway.config
+        raw = await read_raw(
+            request, cfg.max_admin_body_bytes, cfg.body_read_timeout_s or None, limit_key="gateway.max_admin_body_bytes"
+        )
         try:
             body = CreateSessionBody.model_validate_json(raw or b"{}")
         except ValidationError as exc:

@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from core.gateway import safejson
 from core.gateway.admin import admin_routes
 from core.gateway.anthropic_api import (
     messages_response,
@@ -49,10 +50,9 @@ from core.gateway.errors import (
     bad_request,
     not_found,
     openai_envelope,
-    too_large,
     unauthorized,
 )
-from core.gateway.fastpath import ClientGone, DisconnectWatch, HotRoutes, TooLarge, read_body
+from core.gateway.fastpath import ClientGone, DisconnectWatch, HotRoutes, read_raw
 from core.gateway.openai_api import chat_response, chat_stream_events, parse_chat_request
 
 if TYPE_CHECKING:
@@ -87,23 +87,35 @@ def _session_id(request: Request) -> str:
     )
 
 
-async def _read_json(request: Request, limit: int) -> dict[str, Any]:
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit:
-        raise too_large(limit)
-    try:
-        raw = await read_body(request.receive, limit)
-    except TooLarge:
-        raise too_large(limit) from None
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object: 400 for bad JSON, nesting over ``safejson.MAX_DEPTH``, or a lone surrogate."""
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        body = safejson.loads(raw)
+    except safejson.TooDeep as exc:
+        raise bad_request(f"the request body is not valid JSON for the gateway: {exc}; no chat request needs that") from None
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    where = safejson.lone_surrogate(raw, body)
+    if where is not None:
+        raise bad_request(
+            f"{where} holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), which "
+            "is not valid Unicode; send valid text (escaped pairs such as \\ud83d\\ude00 are fine)",
+            param=where,
+        )
     return body
+
+
+def _check_stops(stop: tuple[str, ...], param: str, cap: int) -> None:
+    if len(stop) > cap:
+        raise bad_request(
+            f"'{param}' holds {len(stop)} stop strings; this gateway accepts at most {cap} per request "
+            "(gateway.max_stop_strings)",
+            param=param,
+        )
 
 
 async def _guarded(request: Request, turn: Coroutine[Any, Any, TurnResult]) -> TurnResult:
@@ -144,7 +156,10 @@ def _endpoint(fn: Endpoint, *, anthropic: bool) -> Endpoint:
         try:
             return await fn(request)
         except GatewayError as err:
-            return _json(envelope(err), err.status)
+            response = _json(envelope(err), err.status)
+            if err.status == 408:  # the rest of a stalled body must not be read as a new request
+                response.headers["connection"] = "close"
+            return response
         except ClientGone:
             return Response(status_code=499)
         except Exception as exc:  # the one place unexpected errors become a response
@@ -170,13 +185,17 @@ def _sse(frames: list[bytes]) -> StreamingResponse:
 
 def build_app(gateway: Gateway) -> HotRoutes:
     """The ASGI app serving ``gateway``: the turn routes on the lean path, the rest on Starlette."""
-    limit = gateway.config.max_body_bytes
+    cfg = gateway.config
+    limit = cfg.max_body_bytes
+    timeout = cfg.body_read_timeout_s or None
 
     async def chat(request: Request) -> Response:
         sid = _session_id(request)
         gateway.open_session(sid)
-        body = await _read_json(request, limit)
-        req, stream, include_usage = parse_chat_request(body)
+        raw = await read_raw(request, limit, timeout)
+        req, stream, include_usage = parse_chat_request(parse_body(raw))
+        _check_stops(req.stop, "stop", cfg.max_stop_strings)
+        req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
         if stream:
             return _sse(chat_stream_events(result, gateway.model_id, include_usage))
@@ -185,17 +204,21 @@ def build_app(gateway: Gateway) -> HotRoutes:
     async def messages(request: Request) -> Response:
         sid = _session_id(request)
         gateway.open_session(sid)
-        body = await _read_json(request, limit)
-        req, stream = parse_messages_request(body)
+        raw = await read_raw(request, limit, timeout)
+        req, stream = parse_messages_request(parse_body(raw))
+        _check_stops(req.stop, "stop_sequences", cfg.max_stop_strings)
+        req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
         if stream:
             return _sse(messages_stream_events(result, gateway.model_id))
         return _json(messages_response(result, gateway.model_id))
 
     async def count_tokens(request: Request) -> Response:
-        gateway.open_session(_session_id(request))
-        units, tools = parse_count_request(await _read_json(request, limit))
-        return _json({"input_tokens": gateway.count_tokens(units, tools)})
+        sid = _session_id(request)
+        gateway.open_session(sid)
+        raw = await read_raw(request, limit, timeout)
+        units, tools = parse_count_request(parse_body(raw))
+        return _json({"input_tokens": await gateway.count_prompt(sid, units, tools, size=len(raw))})
 
     async def models(request: Request) -> Response:
         return _json(

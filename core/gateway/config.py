@@ -26,6 +26,24 @@ class GatewayConfig:
     """Extra arguments for ``apply_chat_template`` (e.g. ``enable_thinking: false``)."""
     max_body_bytes: int = 8_000_000
     """Largest request body accepted (413 beyond)."""
+    max_admin_body_bytes: int = 1_000_000
+    """Largest admin request body accepted, session ``metadata`` included (413 beyond)."""
+    body_read_timeout_s: float = 30.0
+    """Seconds a client may take to send its request body once it stalls; then 408 and
+    the connection is closed (a slow or idle client no longer holds it forever)."""
+    keep_alive_timeout_s: int = 30
+    """Seconds an idle keep-alive connection stays open between requests."""
+    max_connections: int = 2048
+    """Open connections (and requests) the server accepts at once; beyond it new requests get
+    503 and a warning is logged. 0 means no cap."""
+    max_turns_per_session: int = 1024
+    """Turns one session may record; further requests get 400 ``session_turn_limit``. Bounds a
+    session's memory to about this many turns of ``max_context_tokens``. 0 means no cap."""
+    max_stop_strings: int = 32
+    """Stop strings one request may add (``stop`` / ``stop_sequences``); more is a 400."""
+    render_offload_chars: int = 65_536
+    """Renders at least this large (request bytes, or tail characters) run in a worker thread,
+    so a huge prompt slows only its own request; smaller turns render inline (faster)."""
     allow_sampling_overrides: bool = False
     """Let requests set temperature/top_p/top_k. Off for training: the session's values
     win so the trainer knows the distribution its logprobs came from (max_tokens may

@@ -27,6 +27,7 @@ __all__ = [
     "generation_aborted",
     "not_found",
     "openai_envelope",
+    "request_timeout",
     "sampler_failed",
     "session_closed",
     "too_large",
@@ -40,6 +41,7 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     409: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
@@ -99,22 +101,32 @@ def not_found(message: str) -> GatewayError:
     return GatewayError(message, status=404, type="not_found_error", code="not_found")
 
 
-def too_large(limit: int) -> GatewayError:
-    """413: the body is larger than ``GatewayConfig.max_body_bytes``."""
+def too_large(limit: int, key: str = "gateway.max_body_bytes") -> GatewayError:
+    """413: the body is larger than the limit ``key`` (``GatewayConfig.max_body_bytes`` by default)."""
     return GatewayError(
         f"request body exceeds the gateway limit of {limit} bytes "
-        "(raise gateway.max_body_bytes if such requests are legitimate)",
+        f"(raise {key} if such requests are legitimate)",
         status=413,
         type="invalid_request_error",
         code="request_too_large",
     )
 
 
-def context_length_exceeded(prompt_tokens: int, budget: int) -> GatewayError:
-    """400 ``context_length_exceeded`` in OpenAI's wording (LiteLLM and agents key on it)."""
+def request_timeout(message: str) -> GatewayError:
+    """408: the client did not send its request body in time."""
+    return GatewayError(message, status=408, type="invalid_request_error", code="request_timeout")
+
+
+def context_length_exceeded(prompt_tokens: int, budget: int, *, at_least: bool = False) -> GatewayError:
+    """400 ``context_length_exceeded`` in OpenAI's wording (LiteLLM and agents key on it).
+
+    ``at_least``: ``prompt_tokens`` is a lower bound (the prompt was refused
+    from its length before it was tokenized, see ``ChatRenderer.min_tokens``).
+    """
+    counted = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
     return GatewayError(
         f"This model's maximum context length is {budget} tokens. However, your messages "
-        f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+        f"resulted in {counted} tokens. Please reduce the length of the messages.",
         status=400,
         type="invalid_request_error",
         code="context_length_exceeded",

@@ -12,12 +12,14 @@ Defines:
   every exception into a response, so those layers add nothing on these routes.
 - ``DisconnectWatch``: calls back when the client disconnects, without a
   per-turn ``asyncio.Task`` (see its docstring).
-- ``read_body``: the request body straight from ``receive``, size-limited.
+- ``read_body``: the request body straight from ``receive``, size- and time-limited;
+  ``read_raw``: the same for a ``Request``, as the 413/408 ``GatewayError`` and a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -25,7 +27,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["ClientGone", "DisconnectWatch", "HotRoutes", "TooLarge", "read_body"]
+from core.gateway.errors import request_timeout, too_large
+
+__all__ = ["BodyTimeout", "ClientGone", "DisconnectWatch", "HotRoutes", "TooLarge", "read_body", "read_raw"]
+
+log = logging.getLogger("core.gateway")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -40,17 +46,64 @@ class TooLarge(Exception):
     """The body passed the size limit while it was being read."""
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+class BodyTimeout(Exception):
+    """The client stopped sending its body: it did not complete within the read timeout."""
+
+
+def _ready(receive: Receive) -> tuple[Message | None, Awaitable[Message] | None]:
+    """(message, None) when ``receive()`` has it without waiting, else (None, what to await).
+
+    uvicorn parses a small body together with the headers, so the first
+    ``receive()`` usually completes at once; only a call that would wait needs
+    a timer. A coroutine that would wait is closed at its first suspension,
+    before it takes a message (uvicorn's receive takes it only after its wait),
+    and called again under the timer; a plain future is awaited as it is.
+    """
+    awaitable = receive()
+    if not asyncio.iscoroutine(awaitable):
+        if isinstance(awaitable, asyncio.Future) and awaitable.done():
+            return awaitable.result(), None
+        return None, awaitable
+    try:
+        awaitable.send(None)
+    except StopIteration as stop:
+        return stop.value, None
+    awaitable.close()
+    return None, receive()
+
+
+async def read_body(receive: Receive, limit: int, timeout: float | None = None) -> bytes:
     """The whole request body, read from ``receive`` (no async generator, no copies per chunk).
+
+    Args:
+        receive: The ASGI receive channel.
+        limit: Most bytes accepted.
+        timeout: Seconds the rest of the body may take once a read has to wait
+            (None: no limit). Bodies already received cost no timer.
 
     Raises:
         TooLarge: more than ``limit`` bytes arrived.
         ClientGone: the client disconnected before the body was complete.
+        BodyTimeout: the body did not complete within ``timeout``.
     """
     chunks: list[bytes] = []
     size = 0
+    deadline: float | None = None
     while True:
-        message = await receive()
+        if timeout is None:
+            message = await receive()
+        else:
+            ready, pending = _ready(receive)
+            if pending is None:
+                message = ready  # type: ignore[assignment]
+            else:
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + timeout
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await pending
+                except TimeoutError:
+                    raise BodyTimeout() from None
         if message["type"] != "http.request":
             raise ClientGone()
         chunk = message.get("body", b"")
@@ -61,6 +114,32 @@ async def read_body(receive: Receive, limit: int) -> bytes:
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def read_raw(
+    request: Request, limit: int, timeout: float | None, *, limit_key: str = "gateway.max_body_bytes"
+) -> bytes:
+    """The request body: 413 over ``limit`` bytes (naming ``limit_key``), 408 (logged) when it
+    stalls past ``timeout`` seconds."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise too_large(limit, limit_key)
+    try:
+        return await read_body(request.receive, limit, timeout)
+    except TooLarge:
+        raise too_large(limit, limit_key) from None
+    except BodyTimeout:
+        client = request.scope.get("client")
+        who = f"{client[0]}:{client[1]}" if client else "a client"
+        log.warning(
+            "gateway: %s sent the headers of %s %s but not the whole body within %s s "
+            "(gateway.body_read_timeout_s); answered 408 and closed the connection",
+            who, request.method, request.url.path, timeout,
+        )
+        raise request_timeout(
+            f"the request body did not arrive within {timeout} s (gateway.body_read_timeout_s); "
+            "send the whole body promptly"
+        ) from None
 
 
 async def _awaited(awaitable: Awaitable[Message]) -> Message:

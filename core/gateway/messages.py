@@ -20,11 +20,11 @@ their ids so the same message echoed back by a client compares equal.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.gateway import safejson
 from core.gateway.errors import bad_request
 
 __all__ = [
@@ -58,11 +58,20 @@ class Unit:
         return self._canon
 
 
-def canonical_tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    """A tool call in canonical form; JSON-object argument strings become dicts."""
+def canonical_tool_call(call_id: str, name: str, arguments: Any, *, param: str | None = None) -> dict[str, Any]:
+    """A tool call in canonical form; JSON-object argument strings become dicts.
+
+    ``param``: where the arguments sit in a client request; arguments nested
+    deeper than ``safejson.MAX_DEPTH`` are then a 400 naming it (elsewhere they
+    stay a string).
+    """
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments)
+            parsed = safejson.loads(arguments)
+        except safejson.TooDeep as exc:
+            if param is not None:
+                raise bad_request(f"{param} is {exc}; send flatter arguments", param=param) from None
+            parsed = None
         except ValueError:
             parsed = None
         if isinstance(parsed, dict):
@@ -123,7 +132,7 @@ def _openai_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         call_id = call.get("id") or ""
         if not isinstance(call_id, str):
             raise bad_request(f"{param}[{j}].id must be a string", param=param)
-        out.append(canonical_tool_call(call_id, fn["name"], args))
+        out.append(canonical_tool_call(call_id, fn["name"], args, param=f"{param}[{j}].function.arguments"))
     return out
 
 

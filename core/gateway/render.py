@@ -10,6 +10,9 @@ Defines ``ChatRenderer``:
   the generation prompt. Its cost depends on the new messages only, which is
   what keeps an append-only turn's cost flat as the context grows.
 - ``decode``, ``count``.
+- ``min_tokens``: a lower bound on a text's token count from its length, so a
+  prompt that cannot fit the context budget is refused before it is tokenized
+  (tokenizing is the expensive step: seconds for megabytes).
 
 How the tail is rendered without the history: the template is rendered on a
 fixed two-message *anchor* conversation (``user``, ``assistant``) with the same
@@ -23,17 +26,71 @@ back to full renders and counts it.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ChatRenderer", "TailUnsupported"]
+__all__ = ["ChatRenderer", "PromptTooLong", "TailUnsupported", "TemplateRefused"]
 
 _ANCHOR_USER = "\u2063tracerl-anchor-user\u2063"
 _ANCHOR_ASSISTANT = "\u2063tracerl-anchor-assistant\u2063"
 
+ANCHOR_CACHE_ENTRIES = 64
+"""Most tool sets whose anchor render is cached (least recently used dropped first)."""
+ANCHOR_CACHE_CHARS = 4_000_000
+"""Most characters of anchor text cached in all (an anchor holds its tools' rendering)."""
+_ANCHOR_VARIANTS = 4
+"""Tool sets with the same tool names kept side by side (e.g. different descriptions)."""
+_BATCH_ENCODE_CHARS = 16_384
+"""Texts longer than this are encoded with ``encode_batch``, which releases the GIL."""
+_PROBE = "Hello, world!\n\n  two  spaces\ttab\r\nline ünïcödé 中文 🙂 {\"k\": [1, 2.5]} <tag> end."
+"""Text a tokenizer must round-trip for ``min_tokens`` to trust its vocabulary."""
+
 
 class TailUnsupported(Exception):
     """The template cannot be rendered incrementally for this tail; render the whole history."""
+
+
+class PromptTooLong(Exception):
+    """The rendered prompt cannot fit the token limit it was rendered for (found before tokenizing)."""
+
+    def __init__(self, at_least: int) -> None:
+        super().__init__(f"the prompt has at least {at_least} tokens")
+        self.at_least = at_least
+
+
+class TemplateRefused(ValueError):
+    """The chat template raised on these messages (its ``raise_exception``, or a type it cannot handle)."""
+
+
+def _max_token_chars(tokenizer: Any, backend: Any) -> int | None:
+    """Most characters of text one token can cover; None when that cannot be trusted.
+
+    Every vocabulary string is at least as long as the text its token covers:
+    byte-level BPE writes one character per byte, SentencePiece one per
+    character (``▁`` for a space), byte-fallback pieces (``<0xE4>``) six for
+    one byte, added tokens their literal text. So a text of n characters (after
+    the tokenizer's normalizer) needs at least ceil(n / longest string) tokens,
+    provided the tokenizer covers every character, which the round-trip probe checks
+    (a tokenizer that drops whitespace or characters fails it and gets no bound).
+    """
+    try:
+        strings = list(tokenizer.get_vocab())
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        strings += [str(getattr(t, "content", t)) for t in added.values()]
+        if not strings:
+            return None
+        if backend is not None:
+            ids = backend.encode(_PROBE, add_special_tokens=False).ids
+            back = backend.decode(ids, skip_special_tokens=False)
+        else:
+            back = tokenizer.decode(tokenizer.encode(_PROBE, add_special_tokens=False), skip_special_tokens=False)
+    except Exception:
+        return None
+    if back != _PROBE:
+        return None
+    return max(1, max(len(s) for s in strings))
 
 
 class ChatRenderer:
@@ -70,7 +127,16 @@ class ChatRenderer:
             if isinstance(value, str):
                 self._specials[name] = value
         self.eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
-        self._anchor_cache: dict[int, tuple[Any, str, str]] = {}
+        # Anchor renders by tool names; each entry (tools, anchor text, closer) is matched by
+        # equality, so equal tools sent as new objects on every request hit. Bounded in entries
+        # and characters: a client cycling through tool sets cannot grow it.
+        self._anchor_cache: OrderedDict[tuple[str, ...] | None, list[tuple[Any, str, str]]] = OrderedDict()
+        self._anchor_chars = 0
+        self._anchor_lock = threading.Lock()  # large renders run in worker threads
+        self.max_token_chars: int | None = _max_token_chars(tokenizer, self._backend)
+        """Most characters one token covers (``min_tokens``' divisor); None: no length bound."""
+        normalizer = getattr(self._backend, "normalizer", None)
+        self._normalize: Any = getattr(normalizer, "normalize_str", None)
         # transformers' own compiled template (same sandbox, filters and globals as
         # apply_chat_template) called directly: apply_chat_template's wrapper costs
         # ~100 us a call, more than the render itself.
@@ -108,19 +174,49 @@ class ChatRenderer:
                 context = template.new_context(variables, shared=True)
                 return str(template.environment.concat(template.root_render_func(context)))
             except Exception:
-                template.environment.handle_exception()  # re-raises with the template's line numbers
+                try:
+                    template.environment.handle_exception()  # re-raises with the template's line numbers
+                except Exception as exc:
+                    raise TemplateRefused(f"{type(exc).__name__}: {exc}") from exc
                 raise
-        return str(
-            self.tokenizer.apply_chat_template(
-                list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **self.kwargs
+        try:
+            return str(
+                self.tokenizer.apply_chat_template(
+                    list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                    **self.kwargs,
+                )
             )
-        )
+        except Exception as exc:
+            raise TemplateRefused(f"{type(exc).__name__}: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (special-token strings map to their ids; no BOS added)."""
+        """Token ids of ``text`` (special-token strings map to their ids; no BOS added).
+
+        Long texts go through ``encode_batch``, which releases the GIL while the
+        Rust encoder runs (``encode`` holds it), so a long prompt tokenized in a
+        worker thread does not stall the event loop.
+        """
         if self._backend is not None:
+            if len(text) > _BATCH_ENCODE_CHARS:
+                return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` from the text's length alone (0 without a bound)."""
+        if self.max_token_chars is None:
+            return 0
+        return -(-len(text) // self.max_token_chars)
+
+    def _check_fits(self, text: str, limit: int | None, already: int = 0) -> None:
+        """Raise ``PromptTooLong`` when ``text`` needs more than ``limit`` tokens for certain."""
+        if limit is None or self.max_token_chars is None or len(text) <= limit * self.max_token_chars:
+            return
+        if self._normalize is not None:  # e.g. NFC may merge characters; measure what is tokenized
+            text = self._normalize(text)
+        least = self.min_tokens(text)
+        if least > limit:
+            raise PromptTooLong(already + least)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included."""
@@ -130,20 +226,60 @@ class ChatRenderer:
 
     # ------------------------------------------------------------------ ids
 
-    def render_prompt(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids of the whole conversation plus the generation prompt."""
-        return self.encode(self.render_text(messages, tools, add_generation_prompt=True))
+    def render_prompt(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, *, limit: int | None = None
+    ) -> list[int]:
+        """Token ids of the whole conversation plus the generation prompt.
 
-    def count(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        """Prompt tokens the conversation costs (what ``count_tokens`` answers)."""
-        return len(self.render_prompt(messages, tools))
+        Raises:
+            PromptTooLong: the text needs more than ``limit`` tokens (checked before tokenizing).
+            TemplateRefused: the template raised on these messages.
+        """
+        text = self.render_text(messages, tools, add_generation_prompt=True)
+        self._check_fits(text, limit)
+        return self.encode(text)
+
+    def count(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, *, limit: int | None = None
+    ) -> int:
+        """Prompt tokens the conversation costs (what ``count_tokens`` answers).
+
+        Long texts are counted without building the id list (``len`` of the
+        Rust encoding): converting a million ids to Python ints holds the GIL.
+
+        Raises:
+            PromptTooLong: the text needs more than ``limit`` tokens (checked before tokenizing).
+            TemplateRefused: the template raised on these messages.
+        """
+        text = self.render_text(messages, tools, add_generation_prompt=True)
+        self._check_fits(text, limit)
+        if self._backend is not None and len(text) > _BATCH_ENCODE_CHARS:
+            return len(self._backend.encode_batch([text], add_special_tokens=False)[0])
+        return len(self.encode(text))
+
+    def anchor_chars(self, tools: list[dict[str, Any]] | None, *, default: int) -> int:
+        """Characters of the cached anchor render for ``tools`` (what every tail render
+        re-renders), or ``default`` when it is not cached."""
+        if not tools:
+            return 0
+        with self._anchor_lock:
+            for entry in self._anchor_cache.get(self._key(tools), ()):
+                if entry[0] == tools:
+                    return len(entry[1])
+        return default
+
+    def anchor_cache_size(self) -> tuple[int, int]:
+        """(cached tool sets, cached characters) of the anchor cache."""
+        return sum(len(v) for v in self._anchor_cache.values()), self._anchor_chars
 
     def _anchor(self, tools: list[dict[str, Any]] | None) -> tuple[str, str]:
-        """(anchor text, closer) for ``tools``, cached by the identity-and-equality of tools."""
-        key = id(tools)
-        hit = self._anchor_cache.get(key)
-        if hit is not None and hit[0] == tools:
-            return hit[1], hit[2]
+        """(anchor text, closer) for ``tools``, cached by tool names and matched by equality."""
+        key = self._key(tools)
+        with self._anchor_lock:
+            for entry in self._anchor_cache.get(key, ()):
+                if entry[0] == tools:
+                    self._anchor_cache.move_to_end(key)
+                    return entry[1], entry[2]
         anchor = [
             {"role": "user", "content": _ANCHOR_USER},
             {"role": "assistant", "content": _ANCHOR_ASSISTANT},
@@ -153,17 +289,39 @@ class ChatRenderer:
         if cut < 0:
             raise TailUnsupported("the template drops assistant content")
         closer = text[cut + len(_ANCHOR_ASSISTANT) :]
-        if len(self._anchor_cache) > 256:
-            self._anchor_cache.clear()
-        # keep a reference to tools so id() stays unique while cached
-        self._anchor_cache[key] = (tools, text, closer)
+        if len(text) <= ANCHOR_CACHE_CHARS // 4:
+            with self._anchor_lock:
+                self._remember(key, (tools, text, closer))
         return text, closer
+
+    @staticmethod
+    def _key(tools: list[dict[str, Any]] | None) -> tuple[str, ...] | None:
+        try:
+            return None if tools is None else tuple(str(t["function"]["name"]) for t in tools)
+        except (KeyError, TypeError):
+            return ("\0unnamed",)
+
+    def _remember(self, key: tuple[str, ...] | None, entry: tuple[Any, str, str]) -> None:
+        bucket = self._anchor_cache.setdefault(key, [])
+        self._anchor_cache.move_to_end(key)
+        bucket.insert(0, entry)
+        self._anchor_chars += len(entry[1])
+        if len(bucket) > _ANCHOR_VARIANTS:
+            self._anchor_chars -= len(bucket.pop()[1])
+        while self._anchor_cache and (
+            len(self._anchor_cache) > ANCHOR_CACHE_ENTRIES or self._anchor_chars > ANCHOR_CACHE_CHARS
+        ):
+            _, dropped = self._anchor_cache.popitem(last=False)
+            self._anchor_chars -= sum(len(e[1]) for e in dropped)
 
     def render_continuation(
         self,
         tail: Sequence[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         emitted_closer: str,
+        *,
+        limit: int | None = None,
+        already: int = 0,
     ) -> list[int]:
         """Tokens to append after a served, generated assistant turn.
 
@@ -172,9 +330,13 @@ class ChatRenderer:
             tools: Tools offered on this request.
             emitted_closer: Text of the stop token the model ended its turn with
                 (``"<|im_end|>"``), or ``""`` when it was cut off.
+            limit: Most tokens the continuation may have (checked before tokenizing).
+            already: Tokens in front of the continuation (reported by ``PromptTooLong``).
 
         Raises:
             TailUnsupported: the template does not render incrementally here.
+            PromptTooLong: the continuation needs more than ``limit`` tokens.
+            TemplateRefused: the template raised on these messages.
         """
         anchor_text, closer = self._anchor(tools)
         anchor = [
@@ -186,4 +348,6 @@ class ChatRenderer:
             raise TailUnsupported("the template renders the anchor differently when followed by more messages")
         if emitted_closer and closer.startswith(emitted_closer):
             closer = closer[len(emitted_closer) :]
-        return self.encode(closer + full[len(anchor_text) :])
+        text = closer + full[len(anchor_text) :]
+        self._check_fits(text, limit, already)
+        return self.encode(text)

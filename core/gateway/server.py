@@ -5,6 +5,11 @@ returns once the socket listens; ``base_url`` is the OpenAI-style URL ending in
 ``/v1``; ``await stop()`` shuts down. Signal handling is left to the host
 process (uvicorn's own handlers would hijack Ctrl-C of the trainer).
 
+Connection limits come from the gateway's config: ``max_connections``
+(uvicorn's ``limit_concurrency``: beyond it new requests get 503 and a warning
+naming the key is logged) and ``keep_alive_timeout_s``; the body-read timeout
+is the gateway's own (``core.gateway.fastpath.read_body``).
+
 Also defines ``tune_gc()``, which ``start()`` applies by default (the trainer
 serves the gateway in its own process) and ``python -m core.gateway`` too.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -30,6 +36,25 @@ GC_THRESHOLD = (20_000, 20, 50)
 """Cyclic-GC thresholds while a gateway serves (CPython's defaults are (700, 10, 10))."""
 
 _gc_tuned = False
+
+_CAP_MESSAGE = "Exceeded concurrency limit."
+"""What uvicorn logs when ``limit_concurrency`` turns a request away."""
+
+
+class _NameTheCap(logging.Filter):
+    """Rewrites uvicorn's 503 warning so the log says which setting bit and what to do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == _CAP_MESSAGE:
+            record.msg = (
+                "gateway: connection cap reached (gateway.max_connections): a new request got 503; "
+                "raise the cap if the agents legitimately hold this many connections"
+            )
+            record.args = ()
+        return True
+
+
+_cap_filter = _NameTheCap()
 
 
 def tune_gc() -> bool:
@@ -121,12 +146,15 @@ class GatewayServer:
         """
         import uvicorn
 
+        cfg = self.gateway.config
         config = uvicorn.Config(
             self.app, host=self.host, port=self.port, log_level="warning", access_log=False,
-            lifespan="off", timeout_keep_alive=30,
+            lifespan="off", timeout_keep_alive=cfg.keep_alive_timeout_s,
+            limit_concurrency=cfg.max_connections or None,
             # Agents reach the gateway directly; X-Forwarded-* rewriting is per-request work for nothing.
             proxy_headers=False,
         )
+        logging.getLogger("uvicorn.error").addFilter(_cap_filter)  # idempotent: a set of filters
         self._server = _server_class()(config)
         self._task = asyncio.create_task(self._server.serve())
         deadline = asyncio.get_running_loop().time() + timeout_s

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import os
 import secrets
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from core.errors import ConfigError
 from core.gateway.config import GatewayConfig
@@ -37,7 +41,7 @@ from core.gateway.errors import (
 )
 from core.gateway.history import Node, Turn, build_rows, match_path, release, reserve_prompt
 from core.gateway.messages import Unit, canonical_tool_call
-from core.gateway.render import ChatRenderer, TailUnsupported
+from core.gateway.render import ChatRenderer, PromptTooLong, TailUnsupported, TemplateRefused
 from core.gateway.session import Session, new_session_id
 from core.gateway.toolparse import ParsedOutput, get_parser
 from core.interfaces import Sampler
@@ -47,6 +51,11 @@ from core.types import FinishReason, SampleResult, SamplingParams, TraceRecord
 __all__ = ["Gateway", "TurnRequest", "TurnResult"]
 
 HISTORY_MODES = ("linear", "tree")
+
+_R = TypeVar("_R")
+
+RENDER_THREADS = 2
+"""Worker threads for large renders (``Gateway._render``), per gateway."""
 
 
 @dataclass
@@ -64,6 +73,9 @@ class TurnRequest:
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     """Extra stop strings."""
+    size: int = 0
+    """Bytes of the request body; a full render of a body of ``GatewayConfig.render_offload_chars``
+    or more runs in a worker thread."""
 
 
 @dataclass
@@ -124,6 +136,7 @@ class Gateway:
         self._sampler = _check_sampler(sampler)
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, Session] = {}
+        self._render_pool: ThreadPoolExecutor | None = None
         self.end_of_turn_ids: tuple[int, ...] = end_of_turn_ids(tokenizer, generation_config=generation_config)
         """Token ids that end the model's turn; every turn is sampled with them as stop ids."""
         self._stop_ids: frozenset[int] = frozenset(self.end_of_turn_ids)
@@ -251,8 +264,55 @@ class Gateway:
     # ------------------------------------------------------------------ turns
 
     def count_tokens(self, units: Sequence[Unit], tools: list[dict[str, Any]] | None) -> int:
-        """Prompt tokens a request would cost rendered from scratch."""
+        """Prompt tokens a request would cost rendered from scratch (no budget, on the calling thread)."""
         return self.renderer.count([m for u in units for m in u.canon()], tools)
+
+    async def count_prompt(
+        self, sid: str, units: Sequence[Unit], tools: list[dict[str, Any]] | None, *, size: int = 0
+    ) -> int:
+        """What ``count_tokens`` answers for session ``sid``: the prompt's tokens rendered from
+        scratch, under the same budget as a turn (400 ``context_length_exceeded`` when it
+        could not be sampled), rendered off the event loop when large."""
+        s = self.open_session(sid)
+        messages = [m for u in units for m in u.canon()]
+        limit = s.max_context_tokens - 1 if s.max_context_tokens else None
+        n: int = await self._render(s, size, self.renderer.count, messages, tools, limit=limit)
+        if limit is not None and n > limit:
+            s.counters["context_length_exceeded"] += 1
+            raise context_length_exceeded(n, s.max_context_tokens)
+        return n
+
+    async def _render(self, s: Session, size: int, fn: Callable[..., _R], *args: Any, **kw: Any) -> _R:
+        """``fn(*args, **kw)``: inline when ``size`` is small, else in the render threads.
+
+        Why: rendering and tokenizing run synchronously and the event loop also
+        serves every other rollout (and, in process, the trainer). Tokenizing
+        megabytes takes seconds; in a worker thread (the tokenizer releases the
+        GIL on long texts) it slows only the request that sent them. Small turns
+        keep the inline path: a thread hop costs more than their render.
+
+        Raises:
+            GatewayError: 400 ``context_length_exceeded`` (refused before tokenizing),
+                400 when the chat template refuses the messages.
+        """
+        try:
+            if size < self.config.render_offload_chars:
+                return fn(*args, **kw)
+            if self._render_pool is None:
+                self._render_pool = ThreadPoolExecutor(
+                    RENDER_THREADS, thread_name_prefix="tracerl-gateway-render", initializer=_background_priority
+                )
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._render_pool, functools.partial(fn, *args, **kw))
+        except PromptTooLong as exc:
+            s.counters["context_length_exceeded"] += 1
+            raise context_length_exceeded(exc.at_least, s.max_context_tokens, at_least=True) from None
+        except TemplateRefused as exc:
+            raise bad_request(
+                f"the model's chat template cannot render these messages ({exc}); check the roles and order "
+                "of the messages (e.g. one system message, first)",
+                param="messages",
+            ) from None
 
     def _params(self, s: Session, req: TurnRequest) -> SamplingParams:
         base = s.sampling
@@ -277,8 +337,16 @@ class Gateway:
         except ValueError as exc:
             raise bad_request(str(exc)) from None
 
-    def _build_prompt(self, s: Session, req: TurnRequest) -> tuple[list[int], Turn | None, bool, list[Node], int]:
-        """(prompt, parent turn, owned, matched path, units matched) for this request."""
+    async def _build_prompt(
+        self, s: Session, req: TurnRequest
+    ) -> tuple[list[int], Turn | None, bool, list[Node], int]:
+        """(prompt, parent turn, owned, matched path, units matched) for this request.
+
+        The context budget is checked on the rendered text before it is tokenized
+        (``ChatRenderer.min_tokens``), so an oversized prompt costs a render, not a
+        tokenization; large renders run off the event loop (``_render``).
+        """
+        limit = s.max_context_tokens - 1 if s.max_context_tokens else None
         path = match_path(s.root, req.units)
         k = len(path)
         depth = k
@@ -300,8 +368,13 @@ class Gateway:
             assert parent is not None
             tail = [m for node in path[gen + 1 :] for m in node.canon]
             tail += [m for u in req.units[k:] for m in u.canon()]
+            size = sum(len(m.get("content") or "") for m in tail)
+            size += self.renderer.anchor_chars(req.tools, default=req.size)
             try:
-                delta = self.renderer.render_continuation(tail, req.tools, parent.emitted_closer)
+                delta = await self._render(
+                    s, size, self.renderer.render_continuation, tail, req.tools, parent.emitted_closer,
+                    limit=None if limit is None else limit - parent.end, already=parent.end,
+                )
             except TailUnsupported:
                 s.counters["tail_fallbacks"] += 1
             else:
@@ -309,7 +382,8 @@ class Gateway:
                 return prompt, parent, owned, path, k
         s.counters["full_renders"] += 1
         messages = [m for u in req.units for m in u.canon()]
-        return self.renderer.render_prompt(messages, req.tools), None, False, path, k
+        prompt = await self._render(s, req.size, self.renderer.render_prompt, messages, req.tools, limit=limit)
+        return prompt, None, False, path, k
 
     async def run_turn(self, sid: str, req: TurnRequest) -> TurnResult:
         """Render, sample, parse and record one turn of session ``sid``.
@@ -321,6 +395,13 @@ class Gateway:
                 recorded then, nor when the call is cancelled (client gone).
         """
         s = self.open_session(sid)
+        cap = self.config.max_turns_per_session
+        if cap and len(s.turns) + s.in_flight >= cap:
+            raise bad_request(
+                f"session {_redact(sid)} has reached the gateway's limit of {cap} turns "
+                "(gateway.max_turns_per_session); finish it and start a new session, or raise the limit",
+                code="session_turn_limit",
+            )
         if req.tools and self._parse is None:
             raise bad_request(
                 "this gateway has no tool-call parser (gateway.tool_parser='none'), so it cannot offer tools; "
@@ -328,7 +409,7 @@ class Gateway:
                 param="tools",
             )
         params = self._params(s, req)
-        prompt, parent, owned, path, k = self._build_prompt(s, req)
+        prompt, parent, owned, path, k = await self._build_prompt(s, req)
         try:
             if s.max_context_tokens:
                 room = s.max_context_tokens - len(prompt)
@@ -409,7 +490,7 @@ class Gateway:
             if hits:
                 at, stop_string = min(hits)
                 text = text[:at]
-        parsed = self._parse(text) if (req.tools and self._parse is not None) else ParsedOutput(content=text)
+        parsed = self._parse_reply(text) if req.tools else ParsedOutput(content=text)
         offered = {t["function"]["name"] for t in req.tools or ()}
         calls = []
         for name, args in parsed.tool_calls:
@@ -455,6 +536,27 @@ class Gateway:
             ill_formed=parsed.ill_formed,
             stop_string=stop_string,
         )
+
+
+    def _parse_reply(self, text: str) -> ParsedOutput:
+        """The tool parser's reading of a reply; any failure is an ill-formed call, never an error:
+        the turn was sampled, so it is recorded (and counted) whatever the model wrote."""
+        if self._parse is None:
+            return ParsedOutput(content=text)
+        try:
+            return self._parse(text)
+        except Exception as exc:
+            return ParsedOutput(content=text, ill_formed=True, error=f"parser failed: {type(exc).__name__}: {exc}")
+
+
+def _background_priority() -> None:
+    """Lower this render thread's CPU priority (Linux niceness is per thread): on a busy
+    machine the event loop, which serves every other turn, gets the cores first."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
+    except (AttributeError, OSError):  # not Linux, or not allowed: normal priority
+        pass
 
 
 def turn_seed(seed: int, turn: int) -> int:

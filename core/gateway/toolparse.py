@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.gateway import safejson
+
 __all__ = [
     "PARSERS",
     "ParsedOutput",
@@ -66,15 +68,15 @@ def parse_hermes(text: str) -> ParsedOutput:
         if text[pos : m.start()].strip():
             return _ill(text, "text between tool calls")
         try:
-            obj = json.loads(m.group(1))
-        except ValueError as exc:
+            obj = safejson.loads(m.group(1))
+        except ValueError as exc:  # TooDeep included
             return _ill(text, f"tool call is not JSON: {exc}")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return _ill(text, "tool call lacks a string 'name'")
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = safejson.loads(args)
             except ValueError:
                 return _ill(text, "tool call 'arguments' is a string that is not JSON")
         if not isinstance(args, dict):
@@ -93,8 +95,8 @@ _CODER_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 def _coder_value(raw: str) -> Any:
     value = raw.strip("\n")
     try:
-        return json.loads(value)
-    except ValueError:
+        return safejson.loads(value)
+    except ValueError:  # not JSON, or nested too deep: keep the text
         return value
 
 
@@ -141,8 +143,10 @@ def parse_llama3_json(text: str) -> ParsedOutput:
     while pos < len(body):
         try:
             obj, end = decoder.raw_decode(body, pos)
-        except ValueError as exc:
-            return _ill(text, f"tool call is not JSON: {exc}")
+        except (ValueError, RecursionError) as exc:
+            return _ill(text, f"tool call is not JSON: {type(exc).__name__}: {exc}")
+        if safejson.deeper_than(obj):
+            return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return _ill(text, "tool call lacks a string 'name'")
         args = obj.get("parameters", obj.get("arguments", {}))
