@@ -114,9 +114,23 @@ def test_rollout_without_a_model_call_is_a_failure_not_a_reward(
     host_loop: Any, tiny_tokenizer: Any
 ) -> None:
     client = FakeLLMServerClient(tiny_tokenizer)
-    with pytest.raises(RolloutFailed, match="no trainable model call"):
+    with pytest.raises(RolloutFailed, match="no_model_calls|no trainable model call") as info:
         _run(host_loop, client, tiny_tokenizer, {"mode": "no_call"})
+    assert info.value.status == "no_model_calls"
     assert client.calls == []
+
+
+def test_rollout_whose_model_call_failed_is_dropped_even_when_the_agent_says_ok(
+    host_loop: Any, tiny_tokenizer: Any
+) -> None:
+    """The engine aborts the call (the gateway answers 503); the agent swallows the
+    error and returns reward 1.0. verl must not get that reward: the runner marks the
+    rollout ``sampler_error`` and the loop raises."""
+    client = FakeLLMServerClient(tiny_tokenizer, stop_reason="aborted")
+    with pytest.raises(RolloutFailed) as info:
+        _run(host_loop, client, tiny_tokenizer, {"mode": "swallow"})
+    assert len(client.calls) == 1
+    assert info.value.status == "sampler_error"
 
 
 def test_missing_logprobs_are_not_passed_off_as_zeros(host_loop: Any, tiny_tokenizer: Any) -> None:

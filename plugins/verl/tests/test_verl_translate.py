@@ -49,7 +49,9 @@ def test_tracerl_settings_map_to_verl_keys() -> None:
     assert o["actor_rollout_ref.actor.optim.lr"] == "2e-06"
     assert o["actor_rollout_ref.rollout.temperature"] == "0.9"
     assert o["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "false"
-    assert o["algorithm.adv_estimator"] == "grpo"
+    assert o["algorithm.adv_estimator"] == "tracerl_grpo"
+    assert o["+algorithm.tracerl_std"] == "population"
+    assert o["+algorithm.tracerl_eps"] == "0.0001"
     assert o["data.seed"] == "5"
     assert o["trainer.v1.trainer_mode"] == "tracerl_sync"
     # one optimizer step per batch: mini-batch = the whole batch of prompts
@@ -93,7 +95,10 @@ def test_cpu_mode_adds_the_test_only_shims() -> None:
     ("override", "message"),
     [
         ("algorithm.loss=cispo", "policy_loss.loss_mode"),
-        ("algorithm.name=dpo", "advantage estimator"),
+        ("algorithm.name=dpo", "use one of .*grpo"),
+        ("algorithm.name=reinforce_plus_plus", "counts a rollout once"),
+        ("algorithm.name=opo", "counts a rollout once"),
+        ("trainer.group_size=1", "group_size >= 2"),
         ("backend.trainer_mode=fast", "trainer_mode"),
         ("backend.device=tpu", "backend.device"),
     ],

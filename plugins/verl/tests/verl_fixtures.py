@@ -173,3 +173,83 @@ def make_loop(tokenizer: Any, client: Any, config_path: Path, **verl_kw: Any) ->
         name="tracerl_agent",
         tools=None,
     )
+
+
+def verl_batch(sessions: list[tuple[str, list[Any]]]) -> tuple[Any, list[str]]:
+    """verl's advantage input for ``sessions`` (``(uid, AgentLoopOutputs)`` per rollout).
+
+    Built the way verl's v1 trainer does it: each output's ``as_dict()`` (its
+    ``response_mask`` and ``rm_scores``, the reward on the last response token),
+    right-padded into one ``DataProto`` with ``uid`` beside it, and one key per
+    row ``{uid}_{session_id}_{index}`` (session ids count the rollouts of a uid).
+    """
+    import numpy as np
+    import torch
+    from verl.protocol import DataProto
+
+    rows, uids, keys = [], [], []
+    per_uid: dict[str, int] = {}
+    for uid, outputs in sessions:
+        session = per_uid.get(uid, 0)
+        per_uid[uid] = session + 1
+        for i, out in enumerate(outputs):
+            rows.append(out.as_dict())
+            uids.append(uid)
+            keys.append(f"{uid}_{session}_{i}")
+    width = max(len(r["response_mask"]) for r in rows)
+    mask = torch.zeros(len(rows), width, dtype=torch.int64)
+    scores = torch.zeros(len(rows), width, dtype=torch.float32)
+    for k, r in enumerate(rows):
+        n = len(r["response_mask"])
+        mask[k, :n] = r["response_mask"]
+        scores[k, :n] = r["rm_scores"]
+    data = DataProto.from_dict(
+        tensors={
+            "response_mask": mask,
+            "token_level_scores": scores,
+            "token_level_rewards": scores,
+        },
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+    return data, keys
+
+
+def verl_algorithm_config(overrides: list[str]) -> Any:
+    """verl's ``algorithm`` node as main_ppo would see it after ``overrides`` (our translation).
+
+    verl's own defaults for the keys its advantage code reads, then every
+    ``algorithm.*`` / ``+algorithm.*`` override of ``verl_overrides`` (rollout
+    correction left out: it is not read by the advantage estimators).
+    """
+    algo = OmegaConf.create(
+        {
+            "gamma": 1.0,
+            "lam": 1.0,
+            "adv_estimator": "gae",
+            "norm_adv_by_std_in_grpo": True,
+            "use_pf_ppo": False,
+        }
+    )
+    for item in overrides:
+        key, _, value = item.lstrip("+").partition("=")
+        if key.startswith("algorithm.") and not key.startswith("algorithm.rollout_correction"):
+            OmegaConf.update(
+                algo, key.removeprefix("algorithm."), OmegaConf.create(f"v: {value}").v
+            )
+    return algo
+
+
+def run_verl_advantage(data: Any, keys: list[str], algo: Any, n: int = 3) -> Any:
+    """The call verl's v1 trainer makes in ``_compute_advantage`` (``trainer_base``'s name)."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    return trainer_base.compute_advantage_for_multi_trajectories(
+        data,
+        batch_keys=keys,
+        adv_estimator=algo.adv_estimator,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        num_repeat=n,
+        norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+        config=algo,
+    )

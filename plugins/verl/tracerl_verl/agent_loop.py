@@ -20,13 +20,16 @@ Per trajectory ``run``:
 3. finish the session and turn its rows into ``list[AgentLoopOutput]``
    (``tracerl_verl.rows``).
 
-A failed rollout (timeout, crash, no or bad reward, or no trainable row)
-raises ``RolloutFailed``. verl's v1 worker then marks the prompt's group
+A failed rollout (any status but ``ok``: timeout, crash, no or bad reward,
+a failed model call (``sampler_error``), no model call, or no trainable row)
+raises ``RolloutFailed`` (``rollout_outputs``, the pure part of ``run``). verl's v1 worker then marks the prompt's group
 ``failure``; in sync mode the group stays sampleable with the surviving
 siblings' rows, so the failed rollout is *excluded* from its GRPO group
-instead of being scored 0.0 (tracerl's rule). With
-``algorithm.exclude_failed=false`` a failed rollout's rows are returned
-scored 0.0 instead (the anchors' behaviour, opt-in).
+instead of being scored 0.0 (tracerl's rule), and tracerl's estimators
+(``tracerl_verl.advantages``) give a group left with one rollout advantage 0.
+With ``algorithm.exclude_failed=false`` a failed rollout's rows are returned
+scored 0.0 instead (the anchors' behaviour, opt-in), except after a failed
+model call (``sampler_error``), whose rows hold a broken turn.
 """
 
 from __future__ import annotations
@@ -192,45 +195,94 @@ class TracerlAgentLoop(AgentLoopBase):
         outcome = await host.runner.run_one(payload, group_id=group_id, sampling=sampling)
         elapsed = time.perf_counter() - start
         host.stats["rollouts"] += 1
-        sid = outcome.request.session_id
-        steps = host.sampler.forget(sid)
-        result = outcome.result
+        steps = host.sampler.forget(outcome.request.session_id)
         rollout = self.rollout_config
-        rows = order_rows(
-            [
-                split_row(
-                    r,
-                    prompt_length=int(rollout.prompt_length),
-                    response_length=int(rollout.response_length),
-                )
-                for r in outcome.rows
-            ]
-        )
-        exclude = bool(cfg.algorithm.get("exclude_failed", True))
-        if result.status is not RolloutStatus.OK or not rows:
-            host.stats["failed"] += 1
-            why = (
-                f"rollout {outcome.request.rollout_id} ended with status {result.status.value!r}: "
-                f"{(result.error or '').strip()[-1000:]}"
-                if result.status is not RolloutStatus.OK
-                else f"rollout {outcome.request.rollout_id} made no trainable model call through the gateway"
+        try:
+            outputs = rollout_outputs(
+                outcome,
+                prompt_length=int(rollout.prompt_length),
+                response_length=int(rollout.response_length),
+                exclude_failed=bool(cfg.algorithm.get("exclude_failed", True)),
+                min_global_steps=steps.min_global_steps if steps else global_steps,
+                max_global_steps=steps.max_global_steps if steps else global_steps,
+                with_logprobs=not (steps and steps.missing_logprobs),
+                metrics={"generate_sequences": elapsed},
             )
-            if exclude or not rows:
-                raise RolloutFailed(why, status=result.status.value)
-            logger.warning("%s; scored 0.0 (algorithm.exclude_failed=false)", why)
-        reward = (
-            float(result.reward)
-            if result.status is RolloutStatus.OK and result.reward is not None
-            else 0.0
+        except RolloutFailed:
+            host.stats["failed"] += 1
+            raise
+        if outcome.result.status is not RolloutStatus.OK:  # scored 0.0 (exclude_failed=false)
+            host.stats["failed"] += 1
+        return outputs
+
+
+ALWAYS_EXCLUDED = frozenset({RolloutStatus.SAMPLER_ERROR, RolloutStatus.NO_MODEL_CALLS})
+"""Failures never scored 0.0, even with ``algorithm.exclude_failed=false``: a model call
+broke (the rows hold a turn the model never finished) or the model was never called."""
+
+
+def rollout_outputs(
+    outcome: Any,
+    *,
+    prompt_length: int,
+    response_length: int,
+    exclude_failed: bool = True,
+    min_global_steps: int = 0,
+    max_global_steps: int = 0,
+    with_logprobs: bool = True,
+    metrics: dict[str, float] | None = None,
+) -> list[Any]:
+    """What verl gets for one finished rollout: its ``AgentLoopOutput`` rows, or ``RolloutFailed``.
+
+    Args:
+        outcome: ``request``, ``result`` and ``rows`` of the rollout
+            (``core.trainer.rollouts.RolloutOutcome`` or anything shaped like it).
+        prompt_length: verl's ``rollout.prompt_length``.
+        response_length: verl's ``rollout.response_length``.
+        exclude_failed: ``algorithm.exclude_failed``: with False a failed rollout that has
+            trainable rows (and is not in ``ALWAYS_EXCLUDED``) is scored 0.0 instead.
+        min_global_steps: Oldest weight version any turn used.
+        max_global_steps: Newest weight version any turn used.
+        with_logprobs: Attach the sampler's logprobs.
+        metrics: ``AgentLoopMetrics`` fields.
+
+    Raises:
+        RolloutFailed: any status but ``ok`` (unless scored 0.0), or no trainable row;
+            verl then leaves the rollout out of its group.
+    """
+    result = outcome.result
+    rows = order_rows(
+        [
+            split_row(r, prompt_length=prompt_length, response_length=response_length)
+            for r in outcome.rows
+        ]
+    )
+    if result.status is not RolloutStatus.OK or not rows:
+        why = (
+            f"rollout {outcome.request.rollout_id} ended with status {result.status.value!r}: "
+            f"{(result.error or '').strip()[-1000:]}"
+            if result.status is not RolloutStatus.OK
+            else f"rollout {outcome.request.rollout_id} made no trainable model call through the gateway"
         )
-        lo = steps.min_global_steps if steps else global_steps
-        hi = steps.max_global_steps if steps else global_steps
-        return to_agent_loop_outputs(
-            rows,
-            reward=reward,
-            min_global_steps=lo,
-            max_global_steps=hi,
-            with_logprobs=not (steps and steps.missing_logprobs),
-            metrics={"generate_sequences": elapsed},
-            reward_extra_info={"tracerl_rows": float(len(rows))},
-        )
+        if exclude_failed or not rows or result.status in ALWAYS_EXCLUDED:
+            failed = (
+                result.status
+                if result.status is not RolloutStatus.OK
+                else RolloutStatus.NO_MODEL_CALLS
+            )
+            raise RolloutFailed(why, status=failed.value)
+        logger.warning("%s; scored 0.0 (algorithm.exclude_failed=false)", why)
+    reward = (
+        float(result.reward)
+        if result.status is RolloutStatus.OK and result.reward is not None
+        else 0.0
+    )
+    return to_agent_loop_outputs(
+        rows,
+        reward=reward,
+        min_global_steps=min_global_steps,
+        max_global_steps=max_global_steps,
+        with_logprobs=with_logprobs,
+        metrics=metrics,
+        reward_extra_info={"tracerl_rows": float(len(rows))},
+    )

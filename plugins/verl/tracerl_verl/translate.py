@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
+from tracerl_verl.advantages import EPS, ESTIMATORS, STD_KINDS
 
 EXT_MODULE = "tracerl_verl.verl_ext"
 """Module verl imports in every process (``VERL_USE_EXTERNAL_MODULES``): our trainer mode,
 and the CPU shims when ``TRACERL_VERL_CPU=1``."""
 
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "grpo_passk", "opo", "gpg")
-"""``algorithm.name`` values passed to verl as ``algorithm.adv_estimator`` (group-based ones)."""
+ADV_ESTIMATORS = tuple(ESTIMATORS)
+"""``algorithm.name`` values the verl backend accepts: group estimators that count a rollout
+once however many rows it has, run as ``tracerl_<name>`` (``tracerl_verl.advantages``)."""
 
 TRAINER_MODES = {
     "sync": "tracerl_sync",
@@ -89,9 +91,14 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
         )
     if str(a.name) not in ADV_ESTIMATORS:
         raise ConfigError(
-            f"algorithm.name={a.name!r} has no verl advantage estimator here; use one of {ADV_ESTIMATORS} "
-            "or pass backend.overrides=[algorithm.adv_estimator=...]"
+            f"algorithm.name={a.name!r} is not available with backend=verl; use one of "
+            f"{ADV_ESTIMATORS} (each counts a rollout once however many rows it has; "
+            "reinforce_plus_plus and opo do not). A raw backend.overrides=[algorithm.adv_estimator=...] "
+            "gets verl's own estimator, which counts every row of a forked rollout"
         )
+    std = str(a.get("std", "population"))
+    if std not in STD_KINDS:
+        raise ConfigError(f"algorithm.std={std!r}; use one of {STD_KINDS}")
     if str(a.loss) != "ppo":
         raise ConfigError(
             f"algorithm.loss={a.loss!r}: the verl backend trains with verl's PPO-clip policy loss; set "
@@ -100,6 +107,12 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
     if int(t.batch_size) < 1 or int(t.group_size) < 1 or int(t.max_steps) < 1:
         raise ConfigError(
             "trainer.batch_size, trainer.group_size and trainer.max_steps must be >= 1"
+        )
+    if int(t.group_size) < 2:
+        raise ConfigError(
+            f"trainer.group_size={int(t.group_size)} with algorithm.name={a.name}: a group "
+            "estimator compares the rollouts of one prompt, and a group of one has no baseline "
+            "(its advantage is 0, nothing would train); set trainer.group_size >= 2"
         )
     clip = dict(a.loss_config or {})
     eval_t = float(a.eval_temperature)
@@ -131,8 +144,10 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
         "data.dataloader_num_workers=0",
         f"data.seed={int(cfg.seed)}",
         # -- algorithm
-        f"algorithm.adv_estimator={a.name}",
+        f"algorithm.adv_estimator={ESTIMATORS[str(a.name)]}",
         f"algorithm.norm_adv_by_std_in_grpo={_fmt(bool(a.normalize_std))}",
+        f"+algorithm.tracerl_std={std}",
+        f"+algorithm.tracerl_eps={EPS}",
         f"algorithm.rollout_correction.rollout_is={b.rollout_is or 'null'}",
         f"algorithm.rollout_correction.rollout_is_threshold={float(b.rollout_is_threshold)}",
         # -- model and actor

@@ -11,6 +11,8 @@ given with the official ``openai`` SDK and returns a reward. The payload's
   the tool turn), which forks the gateway's trace into a second row.
 - ``crash``: one model call, then raise (a failed rollout).
 - ``no_call``: return a reward without calling the model.
+- ``swallow``: call the model, ignore the call's error, return a reward (a
+  rollout whose model call failed in the gateway but whose agent says ok).
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"q{payload.get('n', 0)}"},
         ]
+        if mode == "swallow":
+            try:
+                await _ask(client, model, messages)
+            except Exception:  # the agent hides the failure; the gateway saw it
+                pass
+            return {"reward": 1.0}
         first = await _ask(client, model, messages)
         if mode == "crash":
             raise RuntimeError("agent crashed on purpose")
