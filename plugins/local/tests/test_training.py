@@ -12,7 +12,7 @@ from local_helpers import chat_prompt, make_datum, run
 from omegaconf import OmegaConf
 from tracerl_local.backend import LocalBackend
 from tracerl_local.losses import parse_loss_config
-from tracerl_local.training import trainer_logprobs
+from tracerl_local.training import trainer_logprobs, trainer_logprobs_and_entropy
 
 from core.errors import ConfigError, TrainingError
 from core.types import AdamParams, Datum, SamplingParams
@@ -205,3 +205,43 @@ def test_bad_datums_and_configs_are_refused(make_backend) -> None:
         make_backend(dtype="fp8")
     with pytest.raises(ConfigError, match="backend.device='tpu'"):
         make_backend(device="tpu")
+
+
+def test_entropy_bonus_raises_entropy_and_is_reported(make_backend) -> None:
+    """With zero advantages only ``entropy_coef`` moves the weights, towards a flatter
+    distribution; the reported entropy is that of the sampling distribution."""
+    backend = make_backend(seed=2)
+    prompt = chat_prompt(backend)
+
+    async def go() -> None:
+        sample = await backend.sampler.sample(
+            prompt, SamplingParams(max_tokens=6, seed=0), session_id="s"
+        )
+        datum = make_datum(prompt, sample, advantage=0.0)
+        plain = await backend.forward_backward([datum], "ppo")
+        assert all(p.grad is None or not p.grad.any() for p in backend.model.parameters())
+        # by hand: mean entropy of the trained positions' distributions
+        settings = parse_loss_config("ppo", None)
+        with torch.no_grad():
+            _, entropy = trainer_logprobs_and_entropy(
+                backend.model, [datum], settings, backend.get_tokenizer().pad_token_id, "cache"
+            )
+        weights = torch.tensor(datum.weights)
+        expected = float((entropy[0, : len(weights)] * weights).sum() / weights.sum())
+        assert plain.metrics["entropy"] == pytest.approx(expected, rel=1e-5)
+        assert plain.metrics["loss"] == pytest.approx(0.0, abs=1e-7)
+        before = expected
+        for _ in range(5):
+            out = await backend.forward_backward([datum], "ppo", {"entropy_coef": 0.5})
+            assert out.metrics["loss"] == pytest.approx(-0.5 * out.metrics["entropy"], rel=1e-5)
+            await backend.optim_step(AdamParams(learning_rate=1e-2))
+        after = (await backend.forward_backward([datum], "ppo")).metrics["entropy"]
+        assert after > before + 1e-3, (before, after)
+
+    run(go())
+
+
+def test_entropy_coef_must_be_non_negative() -> None:
+    with pytest.raises(ConfigError, match="entropy_coef must be >= 0"):
+        parse_loss_config("ppo", {"entropy_coef": -0.1})
+    assert parse_loss_config("cross_entropy", {"entropy_coef": 0.01}).entropy_coef == 0.01

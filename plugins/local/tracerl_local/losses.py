@@ -11,6 +11,12 @@ sums over every token of the batch and divides by the batch's total weight
 - ``ppo``:                 -min(r * adv, clip(r, 1 - clip_low, 1 + clip_high) * adv)
 - ``cispo``:               -sg(clip(r, 1 - clip_low, 1 + clip_high)) * adv * logp
   (sg: stop-gradient; by default only the upper side is clipped, as in MiniMax-M1)
+
+Every loss also takes ``entropy_coef`` (default 0): ``entropy_coef * H`` is
+subtracted from each trained token's loss, H being the entropy of the
+distribution the token was sampled from. It keeps a group's samples from
+all becoming identical; such a group scores the same reward for every
+member, has no advantage, and would never change again.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from core.errors import ConfigError
 
 _SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+_COMMON_KEYS = (*_SAMPLING_KEYS, "entropy_coef")
 _CLIP_DEFAULTS: dict[str, dict[str, float]] = {
     "cross_entropy": {},
     "importance_sampling": {},
@@ -41,6 +48,7 @@ class LossSettings:
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
+    entropy_coef: float = 0.0
 
 
 def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> LossSettings:
@@ -54,7 +62,7 @@ def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> 
             f"unknown loss_fn {loss_fn!r}; the local backend knows {', '.join(_CLIP_DEFAULTS)}"
         )
     given = dict(loss_config or {})
-    allowed = set(_CLIP_DEFAULTS[loss_fn]) | set(_SAMPLING_KEYS)
+    allowed = set(_CLIP_DEFAULTS[loss_fn]) | set(_COMMON_KEYS)
     unknown = sorted(set(given) - allowed)
     if unknown:
         raise ConfigError(
@@ -69,6 +77,7 @@ def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> 
         temperature=float(values.get("temperature", 1.0)),
         top_k=int(values.get("top_k", -1)),
         top_p=float(values.get("top_p", 1.0)),
+        entropy_coef=float(values.get("entropy_coef", 0.0)),
     )
     if settings.clip_low < 0 or settings.clip_high < 0:
         raise ConfigError(
@@ -77,6 +86,10 @@ def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> 
         )
     if settings.temperature < 0:
         raise ConfigError(f"loss_config temperature must be >= 0, got {settings.temperature!r}")
+    if settings.entropy_coef < 0:
+        raise ConfigError(
+            f"loss_config entropy_coef must be >= 0 (a bonus on entropy), got {settings.entropy_coef!r}"
+        )
     if not 0 < settings.top_p <= 1:
         raise ConfigError(f"loss_config top_p must be in (0, 1], got {settings.top_p!r}")
     return settings

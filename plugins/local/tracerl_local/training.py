@@ -52,6 +52,18 @@ def trainer_logprobs(
     cache_arg: str,
 ) -> torch.Tensor:
     """``(B, L)`` logprobs of each datum's targets (with gradient); padding positions are 0."""
+    return trainer_logprobs_and_entropy(model, datums, settings, pad_id, cache_arg)[0]
+
+
+def trainer_logprobs_and_entropy(
+    model: torch.nn.Module,
+    datums: Sequence[Datum],
+    settings: LossSettings,
+    pad_id: int,
+    cache_arg: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``trainer_logprobs`` and the ``(B, L)`` entropy of each position's sampling
+    distribution (both with gradient; padding positions are 0)."""
     device = next(model.parameters()).device
     n, width = len(datums), max(len(d.model_input) for d in datums)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -74,7 +86,9 @@ def trainer_logprobs(
         torch.full((rows,), settings.top_p, device=device),
     )
     picked = lp.gather(-1, targets.reshape(-1, 1)).reshape(n, width)
-    return picked * attn
+    # Truncated tokens sit at about -1e4: exp() is exactly 0 there, so they add nothing.
+    entropy = -(lp.exp() * lp).sum(-1).reshape(n, width)
+    return picked * attn, entropy * attn
 
 
 def forward_backward_sync(
@@ -90,12 +104,14 @@ def forward_backward_sync(
 
     Returns metrics ``loss``, ``num_tokens`` (total weight), ``logprob_diff/max``
     and ``logprob_diff/mean`` (|sampler - trainer| over weighted tokens),
-    ``clip_fraction`` and ``ratio/mean`` (weighted), and per-datum trainer logprobs.
+    ``clip_fraction``, ``ratio/mean`` and ``entropy`` (weighted; nats), and per-datum
+    trainer logprobs. ``settings.entropy_coef`` adds ``-entropy_coef * entropy`` to
+    each token's loss.
     """
     device = next(model.parameters()).device
     total_weight = sum(sum(d.weights) for d in datums)
     norm = total_weight if total_weight > 0 else 1.0
-    loss_sum = diff_max = diff_sum = clip_sum = ratio_sum = 0.0
+    loss_sum = diff_max = diff_sum = clip_sum = ratio_sum = entropy_sum = 0.0
     per_datum: list[list[float]] = []
     micro = max(1, micro_batch)
     for start in range(0, len(datums), micro):
@@ -111,8 +127,10 @@ def forward_backward_sync(
         weights = padded([list(d.weights) for d in chunk])
         old = padded([list(d.logprobs) for d in chunk])
         adv = padded([list(d.advantages) for d in chunk])
-        logp = trainer_logprobs(model, chunk, settings, pad_id, cache_arg)
+        logp, entropy = trainer_logprobs_and_entropy(model, chunk, settings, pad_id, cache_arg)
         per_token, clipped = token_losses(settings, logp, old, adv)
+        if settings.entropy_coef:
+            per_token = per_token - settings.entropy_coef * entropy
         loss = (per_token * weights).sum() / norm
         if total_weight > 0:
             loss.backward()
@@ -125,6 +143,7 @@ def forward_backward_sync(
                 diff_sum += float((diff * weights[trained]).sum())
             clip_sum += float((clipped * weights).sum())
             ratio_sum += float((torch.exp(logp.detach() - old) * weights).sum())
+            entropy_sum += float((entropy.detach() * weights).sum())
         for i, d in enumerate(chunk):
             per_datum.append(logp[i, : len(d.model_input)].detach().float().cpu().tolist())
     metrics = {
@@ -134,5 +153,6 @@ def forward_backward_sync(
         "logprob_diff/mean": diff_sum / norm,
         "clip_fraction": clip_sum / norm,
         "ratio/mean": ratio_sum / norm,
+        "entropy": entropy_sum / norm,
     }
     return ForwardBackwardResult(metrics=metrics, logprobs=per_datum)
