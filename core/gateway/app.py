@@ -45,6 +45,7 @@ from core.gateway.anthropic_api import (
     parse_messages_request,
 )
 from core.gateway.errors import (
+    SURROGATE_HINT,
     GatewayError,
     anthropic_envelope,
     bad_request,
@@ -88,24 +89,29 @@ def _session_id(request: Request) -> str:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """``raw`` as a JSON object: 400 for bad JSON, nesting over ``safejson.MAX_DEPTH``, or a lone surrogate."""
+    """``raw`` as a JSON object: 400 for bad JSON or nesting beyond the parser.
+
+    Deep nesting that does parse is not walked here (a walk costs about as much
+    as the parse on every long conversation): the steps that recurse into client
+    data later either compare it with data already accepted (history matching,
+    the anchor cache: bounded by that data) or run inside the template render,
+    whose failures, ``RecursionError`` included, are a 400. Lone surrogates are
+    found where they would fail, when the rendered prompt is tokenized (400
+    naming the field, see ``Gateway._render``), not by scanning every body.
+    """
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object")
     try:
-        body = safejson.loads(raw)
-    except safejson.TooDeep as exc:
-        raise bad_request(f"the request body is not valid JSON for the gateway: {exc}; no chat request needs that") from None
+        body = json.loads(raw)
+    except RecursionError:
+        raise bad_request(
+            "the request body is not valid JSON for the gateway: it nests arrays/objects deeper than "
+            "Python's parser allows (about 1000 levels); no chat request needs that"
+        ) from None
     except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
-    where = safejson.lone_surrogate(raw, body)
-    if where is not None:
-        raise bad_request(
-            f"{where} holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), which "
-            "is not valid Unicode; send valid text (escaped pairs such as \\ud83d\\ude00 are fine)",
-            param=where,
-        )
     return body
 
 
@@ -116,6 +122,9 @@ def _check_stops(stop: tuple[str, ...], param: str, cap: int) -> None:
             "(gateway.max_stop_strings)",
             param=param,
         )
+    for i, st in enumerate(stop):
+        if not safejson.valid_unicode(st):
+            raise bad_request(f"{param}[{i}] {SURROGATE_HINT}", param=param)
 
 
 async def _guarded(request: Request, turn: Coroutine[Any, Any, TurnResult]) -> TurnResult:

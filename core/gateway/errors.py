@@ -19,6 +19,7 @@ from typing import Any
 from core.errors import TracerlError
 
 __all__ = [
+    "SURROGATE_HINT",
     "GatewayError",
     "anthropic_envelope",
     "bad_request",
@@ -47,6 +48,13 @@ _ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
+
+
+SURROGATE_HINT = (
+    "holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), which is not valid "
+    "Unicode; send valid text (escaped pairs such as \\ud83d\\ude00 are fine)"
+)
+"""The end of a 400 message about a lone surrogate, after the field's name."""
 
 
 class GatewayError(TracerlError, ValueError):

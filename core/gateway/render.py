@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ChatRenderer", "PromptTooLong", "TailUnsupported", "TemplateRefused"]
+__all__ = ["ChatRenderer", "InvalidText", "PromptTooLong", "TailUnsupported", "TemplateRefused"]
 
 _ANCHOR_USER = "\u2063tracerl-anchor-user\u2063"
 _ANCHOR_ASSISTANT = "\u2063tracerl-anchor-assistant\u2063"
@@ -62,6 +62,18 @@ class PromptTooLong(Exception):
 
 class TemplateRefused(ValueError):
     """The chat template raised on these messages (its ``raise_exception``, or a type it cannot handle)."""
+
+
+class InvalidText(ValueError):
+    """The rendered text holds a lone UTF-16 surrogate, which no tokenizer encodes."""
+
+
+def _check_unicode(text: str, exc: Exception) -> None:
+    """Raise ``InvalidText`` when the tokenizer's failure ``exc`` comes from a lone surrogate."""
+    from core.gateway.safejson import valid_unicode
+
+    if not valid_unicode(text):
+        raise InvalidText("the text holds a lone UTF-16 surrogate") from exc
 
 
 def _max_token_chars(tokenizer: Any, backend: Any) -> int | None:
@@ -196,11 +208,15 @@ class ChatRenderer:
         Rust encoder runs (``encode`` holds it), so a long prompt tokenized in a
         worker thread does not stall the event loop.
         """
-        if self._backend is not None:
-            if len(text) > _BATCH_ENCODE_CHARS:
-                return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
-            return list(self._backend.encode(text, add_special_tokens=False).ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        try:
+            if self._backend is not None:
+                if len(text) > _BATCH_ENCODE_CHARS:
+                    return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
+                return list(self._backend.encode(text, add_special_tokens=False).ids)
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        except Exception as exc:
+            _check_unicode(text, exc)
+            raise
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on ``len(encode(text))`` from the text's length alone (0 without a bound)."""
@@ -254,7 +270,11 @@ class ChatRenderer:
         text = self.render_text(messages, tools, add_generation_prompt=True)
         self._check_fits(text, limit)
         if self._backend is not None and len(text) > _BATCH_ENCODE_CHARS:
-            return len(self._backend.encode_batch([text], add_special_tokens=False)[0])
+            try:
+                return len(self._backend.encode_batch([text], add_special_tokens=False)[0])
+            except Exception as exc:
+                _check_unicode(text, exc)
+                raise
         return len(self.encode(text))
 
     def anchor_chars(self, tools: list[dict[str, Any]] | None, *, default: int) -> int:

@@ -7,34 +7,36 @@ Defines:
 - ``loads``: ``json.loads`` that turns ``RecursionError`` into ``TooDeep`` and
   refuses documents nested deeper than ``MAX_DEPTH``.
 - ``deeper_than``: the depth check ``loads`` applies, for objects parsed otherwise.
-- ``lone_surrogate``: where a parsed request holds a lone UTF-16 surrogate.
+- ``valid_unicode`` / ``lone_surrogate``: whether a string, and where in a
+  parsed request a string, holds a lone UTF-16 surrogate.
 
-Why a depth cap: Python's JSON parser and every later recursive step (``==``
-when matching history, the template's ``tojson``, the response encoder) share
-one recursion limit. A document parsed just under that limit at the top of a
-request can overflow it a few frames deeper, as a ``RecursionError`` (a 500)
-after the turn was sampled. 128 levels is far above any real chat payload and
-far below the limit, so nothing accepted can overflow later.
+Why a depth cap: Python's JSON parser and every later recursive step (the
+response encoder, the template's ``tojson``) share one recursion limit, so
+JSON that parses just under it can overflow it a few frames deeper, as a
+``RecursionError`` after the turn was sampled. ``loads`` is for the small
+documents the gateway parses on its own: tool calls the model wrote and tool
+arguments a client sent as a string. 128 levels is far above any real tool
+call and far below the limit. (Request bodies are parsed with plain
+``json.loads``, see ``core.gateway.app.parse_body`` for why that is safe.)
 
 Why surrogates: JSON's ``"\\ud800"`` escape parses to a lone surrogate, a
-``str`` that cannot be encoded as UTF-8, so the tokenizer and the response
-encoder fail on it. Escaped surrogate *pairs* (``"\\ud83d\\ude00"``) parse to
-one character and are fine.
+``str`` that cannot be encoded as UTF-8, so the tokenizer fails on it (a
+``TypeError``). Escaped surrogate *pairs* (``"\\ud83d\\ude00"``) parse to one
+character and are fine. The gateway does not scan every body for them (that
+costs as much as parsing it); the renderer notices when the tokenizer refuses
+a text and only then ``lone_surrogate`` finds the field to name in the 400.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "TooDeep", "deeper_than", "loads", "lone_surrogate"]
+__all__ = ["MAX_DEPTH", "TooDeep", "deeper_than", "loads", "lone_surrogate", "valid_unicode"]
 
 MAX_DEPTH = 128
 """Deepest nesting of arrays and objects accepted in any JSON the gateway parses."""
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE_ESCAPE_STR = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class TooDeep(ValueError):
@@ -86,39 +88,32 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     return obj
 
 
-def _bad(s: str) -> bool:
+def valid_unicode(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8 (holds no lone surrogate)."""
     if s.isascii():
-        return False
+        return True
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        return True
-    return False
+        return False
+    return True
 
 
-def lone_surrogate(raw: str | bytes, obj: Any) -> str | None:
-    """The path (``messages[0].content``) of a string in ``obj`` holding a lone surrogate, else None.
-
-    ``raw`` is the text ``obj`` was parsed from: a lone surrogate can only come
-    from a ``\\uD8xx``-``\\uDFxx`` escape, so a text without one is cleared by a
-    C-speed search and the walk runs only for texts that have one (escaped
-    emoji pairs, or the bad case).
-    """
-    pattern = _SURROGATE_ESCAPE_STR if isinstance(raw, str) else _SURROGATE_ESCAPE
-    if pattern.search(raw) is None:  # type: ignore[arg-type]
-        return None
+def lone_surrogate(obj: Any) -> str | None:
+    """Where in ``obj`` a string (or key) holds a lone surrogate: ``""`` for ``obj`` itself,
+    ``"[0].content"`` below it; None when nowhere. Iterative (no recursion)."""
     stack: list[tuple[Any, str]] = [(obj, "")]
     while stack:
         node, path = stack.pop()
         if isinstance(node, str):
-            if _bad(node):
-                return path or "body"
+            if not valid_unicode(node):
+                return path
         elif isinstance(node, dict):
             for key, value in node.items():
-                if _bad(key):
-                    return f"{path}.{key!r}" if path else repr(key)
-                stack.append((value, f"{path}.{key}" if path else key))
-        elif isinstance(node, list):
+                if isinstance(key, str) and not valid_unicode(key):
+                    return f"{path}[{key!r}]"
+                stack.append((value, f"{path}.{key}"))
+        elif isinstance(node, list | tuple):
             for i, value in enumerate(node):
                 stack.append((value, f"{path}[{i}]"))
     return None

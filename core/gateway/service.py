@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from core.errors import ConfigError
 from core.gateway.config import GatewayConfig
 from core.gateway.errors import (
+    SURROGATE_HINT,
     GatewayError,
     bad_request,
     context_length_exceeded,
@@ -41,7 +42,14 @@ from core.gateway.errors import (
 )
 from core.gateway.history import Node, Turn, build_rows, match_path, release, reserve_prompt
 from core.gateway.messages import Unit, canonical_tool_call
-from core.gateway.render import ChatRenderer, PromptTooLong, TailUnsupported, TemplateRefused
+from core.gateway.render import (
+    ChatRenderer,
+    InvalidText,
+    PromptTooLong,
+    TailUnsupported,
+    TemplateRefused,
+)
+from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session, new_session_id
 from core.gateway.toolparse import ParsedOutput, get_parser
 from core.interfaces import Sampler
@@ -276,13 +284,22 @@ class Gateway:
         s = self.open_session(sid)
         messages = [m for u in units for m in u.canon()]
         limit = s.max_context_tokens - 1 if s.max_context_tokens else None
-        n: int = await self._render(s, size, self.renderer.count, messages, tools, limit=limit)
+        n: int = await self._render(s, units, tools, size, self.renderer.count, messages, tools, limit=limit)
         if limit is not None and n > limit:
             s.counters["context_length_exceeded"] += 1
             raise context_length_exceeded(n, s.max_context_tokens)
         return n
 
-    async def _render(self, s: Session, size: int, fn: Callable[..., _R], *args: Any, **kw: Any) -> _R:
+    async def _render(
+        self,
+        s: Session,
+        units: Sequence[Unit],
+        tools: list[dict[str, Any]] | None,
+        size: int,
+        fn: Callable[..., _R],
+        *args: Any,
+        **kw: Any,
+    ) -> _R:
         """``fn(*args, **kw)``: inline when ``size`` is small, else in the render threads.
 
         Why: rendering and tokenizing run synchronously and the event loop also
@@ -293,7 +310,8 @@ class Gateway:
 
         Raises:
             GatewayError: 400 ``context_length_exceeded`` (refused before tokenizing),
-                400 when the chat template refuses the messages.
+                400 when the chat template refuses the messages or a message (of
+                ``units``) or tool holds a lone surrogate.
         """
         try:
             if size < self.config.render_offload_chars:
@@ -313,6 +331,9 @@ class Gateway:
                 "of the messages (e.g. one system message, first)",
                 param="messages",
             ) from None
+        except InvalidText:
+            where = _surrogate_field(units, tools)
+            raise bad_request(f"{where} {SURROGATE_HINT}", param=where.split(".")[0].split("[")[0]) from None
 
     def _params(self, s: Session, req: TurnRequest) -> SamplingParams:
         base = s.sampling
@@ -372,7 +393,7 @@ class Gateway:
             size += self.renderer.anchor_chars(req.tools, default=req.size)
             try:
                 delta = await self._render(
-                    s, size, self.renderer.render_continuation, tail, req.tools, parent.emitted_closer,
+                    s, req.units, req.tools, size, self.renderer.render_continuation, tail, req.tools, parent.emitted_closer,
                     limit=None if limit is None else limit - parent.end, already=parent.end,
                 )
             except TailUnsupported:
@@ -382,7 +403,9 @@ class Gateway:
                 return prompt, parent, owned, path, k
         s.counters["full_renders"] += 1
         messages = [m for u in req.units for m in u.canon()]
-        prompt = await self._render(s, req.size, self.renderer.render_prompt, messages, req.tools, limit=limit)
+        prompt = await self._render(
+            s, req.units, req.tools, req.size, self.renderer.render_prompt, messages, req.tools, limit=limit
+        )
         return prompt, None, False, path, k
 
     async def run_turn(self, sid: str, req: TurnRequest) -> TurnResult:
@@ -547,6 +570,16 @@ class Gateway:
             return self._parse(text)
         except Exception as exc:
             return ParsedOutput(content=text, ill_formed=True, error=f"parser failed: {type(exc).__name__}: {exc}")
+
+
+def _surrogate_field(units: Sequence[Unit], tools: list[dict[str, Any]] | None) -> str:
+    """The request field (``messages[2].content``) holding a lone surrogate (rare path: a walk)."""
+    for u in units:
+        where = lone_surrogate(u.raw[1] if u.index < 0 else u.raw)
+        if where is not None:
+            return ("system" if u.index < 0 else f"messages[{u.index}]") + where
+    where = lone_surrogate(tools) if tools else None
+    return "tools" + where if where is not None else "a message"
 
 
 def _background_priority() -> None:

@@ -254,24 +254,36 @@ def test_client_tool_call_arguments_nested_deep_are_400(harness: Harness) -> Non
         assert "messages[1].tool_calls[0].function.arguments" in msg and "nested more than 128" in msg
 
 
-def test_client_json_nested_deep_is_400_in_both_dialects(harness: Harness) -> None:
+@pytest.mark.parametrize("depth", [5000, 990, 975, 970, 965, 960, 900])
+def test_deep_client_json_is_never_a_5xx(harness: Harness, depth: int) -> None:
+    """Nesting around Python's parser limit, where parsing succeeds but later recursive steps
+    (matching, the template's tojson, encoders) run a few frames deeper: 200 or a 400 in the
+    dialect's envelope, never a 5xx; beyond the parser's limit always a 400 naming the nesting."""
     h = harness
-    sid = h.session()
-    for depth in (5000, 900, 200):
-        inner = json.loads(_nested(min(depth, 900)))  # build nested lists without recursion trouble
-        block = {"type": "tool_use", "id": "t1", "name": "calculator", "input": {"x": inner}}
-        body = {**_anth("go"), "messages": [
-            {"role": "user", "content": "go"}, {"role": "assistant", "content": [block]},
-            {"role": "user", "content": "more"},
-        ]}
-        raw = json.dumps(body).encode()
+    inner = _nested(depth)
+    use = '{"type": "tool_use", "id": "t", "name": "calculator", "input": {"x": ' + inner + "}}"
+    anth_msgs = ('[{"role": "user", "content": "go"}, {"role": "assistant", "content": [' + use + "]}, "
+                 '{"role": "user", "content": "more"}]')
+    call = '{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": ' + inner + "}}}"
+    cases = [
+        ("/v1/messages", True, '{"max_tokens": 8, "messages": ' + anth_msgs + "}"),
+        ("/v1/messages/count_tokens", True, '{"messages": ' + anth_msgs + "}"),
+        ("/v1/messages", True, '{"max_tokens": 8, "tools": [{"name": "f", "input_schema": {"x": ' + inner
+         + '}}], "messages": [{"role": "user", "content": "go"}]}'),
+        ("/v1/chat/completions", False, '{"messages": [{"role": "user", "content": "go"}, {"role": "assistant", '
+         '"content": null, "tool_calls": [' + call + ']}, {"role": "tool", "tool_call_id": "c", "content": "1"}]}'),
+        ("/v1/chat/completions", False, '{"tools": [{"type": "function", "function": {"name": "f", "parameters": '
+         '{"x": ' + inner + '}}}], "messages": [{"role": "user", "content": "go"}]}'),
+    ]
+    for path, anthropic, raw in cases:
+        h.push("ok")
+        r = _post(h, path, h.session(max_context_tokens=0), raw.encode())
+        assert r.status_code in (200, 400), (path, r.status_code, r.text[:300])
+        if r.status_code == 400:
+            msg = _anthropic_error(r, 400) if anthropic else _openai_error(r, 400)
+            assert "nests" in msg or "deep" in msg or "Recursion" in msg, msg
         if depth == 5000:
-            raw = raw.replace(json.dumps(inner).encode(), _nested(5000).encode())
-        assert "nested more than 128" in _anthropic_error(_post(h, "/v1/messages", sid, raw), 400)
-        assert "nested more than 128" in _anthropic_error(_post(h, "/v1/messages/count_tokens", sid, raw), 400)
-        chat = {**_chat("go"), "metadata": {"x": inner}}
-        raw = json.dumps(chat).encode()
-        assert "nested more than 128" in _openai_error(_post(h, "/v1/chat/completions", sid, raw), 400)
+            assert r.status_code == 400 and "deeper than Python's parser allows" in r.text
 
 
 LONE = '"a \\ud800 b"'  # the JSON text of a string holding a lone high surrogate
@@ -289,7 +301,29 @@ def test_lone_surrogates_are_400_in_both_dialects(harness: Harness, surrogate: s
     assert "surrogate" in _anthropic_error(_post(h, "/v1/messages/count_tokens", sid, anth), 400)
     system = b'{"max_tokens": 8, "system": ' + surrogate.encode() + b', "messages": [{"role": "user", "content": "x"}]}'
     assert "system" in _anthropic_error(_post(h, "/v1/messages/count_tokens", sid, system), 400)
+    later = (b'{"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "ok"}, '
+             b'{"role": "user", "content": [{"type": "text", "text": ' + surrogate.encode() + b"}]}]}")
+    assert "messages[2].content[0].text" in _openai_error(_post(h, "/v1/chat/completions", sid, later), 400)
+    stop = b'{"messages": [{"role": "user", "content": "x"}], "stop": ["a", ' + surrogate.encode() + b"]}"
+    assert "stop[1]" in _openai_error(_post(h, "/v1/chat/completions", sid, stop), 400)
+    stop = b'{"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "stop_sequences": [' + surrogate.encode() + b"]}"
+    assert "stop_sequences[0]" in _anthropic_error(_post(h, "/v1/messages", sid, stop), 400)
     assert h.gw.session(sid).turns == []
+
+
+def test_lone_surrogate_in_a_continuation_turn_is_400(harness: Harness) -> None:
+    """The tail render (a turn that extends a served one) refuses it the same way."""
+    h = harness
+    sid = h.session()
+    h.push("ok", "ok")
+    first = _chat("go")
+    r = _post(h, "/v1/chat/completions", sid, first)
+    assert r.status_code == 200
+    raw = json.dumps({"messages": [*first["messages"], r.json()["choices"][0]["message"]]})
+    raw = raw[:-2] + ', {"role": "user", "content": "\\udc00 then"}]}'
+    msg = _openai_error(_post(h, "/v1/chat/completions", sid, raw.encode()), 400)
+    assert "messages[2].content" in msg and "surrogate" in msg
+    assert len(h.gw.session(sid).turns) == 1
 
 
 def test_escaped_surrogate_pairs_are_fine(harness: Harness) -> None:
