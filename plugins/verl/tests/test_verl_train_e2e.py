@@ -67,6 +67,9 @@ def test_core_train_backend_verl_trains_on_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, log[-6000:]
 
     assert "trainer.v1.trainer_mode=tracerl_sync" in log
+    # verl's trainer ran tracerl's estimator (registered through tracerl_verl.verl_ext;
+    # an unregistered name stops verl with "Unknown advantage estimator")
+    assert "algorithm.adv_estimator=tracerl_grpo" in log
     assert _metric(log, "training/global_step") == [1.0, 2.0, 3.0]
     grad_norms = _metric(log, "actor/grad_norm")
     assert len(grad_norms) == 3 and max(grad_norms) > 0, grad_norms

@@ -179,7 +179,10 @@ def compute_advantage_per_rollout(
     """
     name = getattr(adv_estimator, "value", adv_estimator)
     if str(name) not in ESTIMATORS.values():
-        assert _ORIGINAL is not None, "tracerl_verl.advantages.install() was not called"
+        if _ORIGINAL is None:
+            raise RuntimeError(
+                "tracerl_verl.advantages.install() was not called; import tracerl_verl.verl_ext"
+            )
         return _ORIGINAL(
             data,
             batch_keys=batch_keys,
