@@ -31,6 +31,9 @@ class GatewayConfig:
     body_read_timeout_s: float = 30.0
     """Seconds a client may take to send its request body once it stalls; then 408 and
     the connection is closed (a slow or idle client no longer holds it forever)."""
+    header_read_timeout_s: float = 30.0
+    """Seconds a connection may take to send a request's headers (from connecting, or from
+    the request's first byte); then it is closed and a warning logged. 0 means no limit."""
     keep_alive_timeout_s: int = 30
     """Seconds an idle keep-alive connection stays open between requests."""
     max_connections: int = 2048

@@ -7,8 +7,13 @@ process (uvicorn's own handlers would hijack Ctrl-C of the trainer).
 
 Connection limits come from the gateway's config: ``max_connections``
 (uvicorn's ``limit_concurrency``: beyond it new requests get 503 and a warning
-naming the key is logged) and ``keep_alive_timeout_s``; the body-read timeout
-is the gateway's own (``core.gateway.fastpath.read_body``).
+naming the key is logged), ``keep_alive_timeout_s``, and
+``header_read_timeout_s``: uvicorn has no timeout for a request's headers, so
+its HTTP protocol is subclassed to note when a request's headers started and a
+once-a-second sweep closes connections whose headers are overdue (a client
+that connects and sends nothing, or half a request line, no longer holds a
+connection forever). The body-read timeout is the gateway's own
+(``core.gateway.fastpath.read_body``).
 
 Also defines ``tune_gc()``, which ``start()`` applies by default (the trainer
 serves the gateway in its own process) and ``python -m core.gateway`` too.
@@ -36,6 +41,8 @@ GC_THRESHOLD = (20_000, 20, 50)
 """Cyclic-GC thresholds while a gateway serves (CPython's defaults are (700, 10, 10))."""
 
 _gc_tuned = False
+
+log = logging.getLogger("core.gateway")
 
 _CAP_MESSAGE = "Exceeded concurrency limit."
 """What uvicorn logs when ``limit_concurrency`` turns a request away."""
@@ -81,6 +88,31 @@ def tune_gc() -> bool:
     return True
 
 
+def _protocol_class() -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, noting since when a request's headers are awaited."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class _Protocol(HttpToolsProtocol):
+        headers_since: float | None = None
+        """Loop time the connection opened or the current request's first byte came; None
+        while no request is half-received (headers complete, or idle between requests)."""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.headers_since = self.loop.time()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self.headers_since is None:
+                self.headers_since = self.loop.time()
+
+        def on_headers_complete(self) -> None:
+            self.headers_since = None
+            super().on_headers_complete()
+
+    return _Protocol
+
+
 def _server_class() -> type[uvicorn.Server]:
     import uvicorn
 
@@ -122,6 +154,7 @@ class GatewayServer:
         self.app = build_app(gateway)
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     @property
     def admin_token(self) -> str:
@@ -153,6 +186,7 @@ class GatewayServer:
             limit_concurrency=cfg.max_connections or None,
             # Agents reach the gateway directly; X-Forwarded-* rewriting is per-request work for nothing.
             proxy_headers=False,
+            http=_protocol_class(),
         )
         logging.getLogger("uvicorn.error").addFilter(_cap_filter)  # idempotent: a set of filters
         self._server = _server_class()(config)
@@ -168,11 +202,39 @@ class GatewayServer:
             await asyncio.sleep(0.01)
         sockets = [s for srv in self._server.servers for s in srv.sockets]
         self.port = sockets[0].getsockname()[1]
+        if cfg.header_read_timeout_s:
+            self._reaper = asyncio.create_task(self._close_slow_headers(cfg.header_read_timeout_s))
         if self.gc_tuning:
             tune_gc()
 
+    async def _close_slow_headers(self, timeout: float) -> None:
+        """Close connections whose request headers have not completed within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        while self._server is not None:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            if self._server is None:
+                return
+            now = loop.time()
+            for conn in list(self._server.server_state.connections):
+                since = getattr(conn, "headers_since", None)
+                transport = getattr(conn, "transport", None)
+                if since is None or now - since <= timeout or transport is None or transport.is_closing():
+                    continue
+                client = getattr(conn, "client", None)
+                who = f"{client[0]}:{client[1]}" if client else "a client"
+                log.warning(
+                    "gateway: closed the connection of %s: no complete request headers within %s s "
+                    "(gateway.header_read_timeout_s)", who, timeout,
+                )
+                transport.close()
+
     async def stop(self) -> None:
         """Stop serving; idempotent."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reaper
+            self._reaper = None
         if self._server is not None:
             self._server.should_exit = True
         if self._task is not None:

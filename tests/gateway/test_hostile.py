@@ -452,6 +452,23 @@ def test_the_connection_cap_answers_503_and_says_why(make_harness: Any) -> None:
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n", b"GET /health HTTP/1.1\r\nhost: x\r\n\r\nGET /hea"],
+    ids=["nothing", "half-headers", "second-request-half-sent"],
+)
+def test_connections_without_complete_headers_are_closed(make_harness: Any, sent: bytes) -> None:
+    h = make_harness(GatewayConfig(header_read_timeout_s=1.0, keep_alive_timeout_s=60))
+    with gateway_log() as log, socket.create_connection(("127.0.0.1", h.server.port), timeout=10) as sock:
+        sock.sendall(sent)
+        t0 = time.perf_counter()
+        data = _read_all(sock)  # returns once the server closed the connection
+        waited = time.perf_counter() - t0
+    assert 0.9 < waited < 4, waited
+    assert data.startswith(b"HTTP/1.1 200") == (b"/health" in sent)
+    assert any("gateway.header_read_timeout_s" in line for line in log), log
+
+
 def test_idle_keep_alive_connections_are_closed(make_harness: Any) -> None:
     h = make_harness(GatewayConfig(keep_alive_timeout_s=1))
     with socket.create_connection(("127.0.0.1", h.server.port), timeout=10) as sock:
