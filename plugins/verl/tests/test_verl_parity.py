@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tracerl_verl.agent_loop import ALWAYS_EXCLUDED, RolloutFailed, rollout_outputs
+from tracerl_verl.agent_loop import RolloutFailed, rollout_outputs
 from tracerl_verl.translate import LaunchPaths, verl_overrides
 from verl_fixtures import compose_tracerl, run_verl_advantage, verl_algorithm_config, verl_batch
 
@@ -94,18 +94,13 @@ def test_verl_gives_the_parity_batch_the_specified_advantages(std: str, normaliz
     assert algo.adv_estimator == "tracerl_grpo" and algo.tracerl_std == std
 
 
-def test_gateway_failures_are_never_scored() -> None:
-    assert {RolloutStatus.SAMPLER_ERROR, RolloutStatus.NO_MODEL_CALLS} <= ALWAYS_EXCLUDED
-
-
 @pytest.mark.parametrize("status", [s for s in RolloutStatus if s is not RolloutStatus.OK])
 @pytest.mark.parametrize("exclude_failed", [True, False])
 def test_the_agent_loop_fails_every_status_but_ok(
     status: RolloutStatus, exclude_failed: bool
 ) -> None:
     """Any non-ok rollout raises (verl drops it); with ``exclude_failed=false`` one with rows
-    is scored 0.0 instead, except ``sampler_error`` (its rows hold a broken turn) and
-    ``no_model_calls`` (nothing the model did)."""
+    is scored 0.0 instead, whatever its status (as core's loop does)."""
     from dataclasses import replace
 
     template = next(r for r in parity_batch() if r.request.rollout_id == "survivor-1")
@@ -116,7 +111,7 @@ def test_the_agent_loop_fails_every_status_but_ok(
     )
     assert rollout.rows  # it has something that could be trained
     kw = {"prompt_length": PROMPT_LENGTH, "response_length": RESPONSE_LENGTH}
-    if exclude_failed or status in ALWAYS_EXCLUDED:
+    if exclude_failed:
         with pytest.raises(RolloutFailed, match=status.value) as info:
             rollout_outputs(rollout, exclude_failed=exclude_failed, **kw)
         assert info.value.status == status.value

@@ -83,6 +83,14 @@ def test_raw_overrides_come_last_and_env_reaches_ray_workers() -> None:
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
 
 
+@pytest.mark.parametrize("name", ["grpo", "rloo", "grpo_passk", "gpg"])
+def test_allowed_estimators_run_as_tracerl_ones_with_the_std_switch(name: str) -> None:
+    cfg = compose_tracerl(["backend=verl", f"algorithm.name={name}", "algorithm.std=sample"])
+    o = _as_dict(verl_overrides(cfg, PATHS))
+    assert o["algorithm.adv_estimator"] == f"tracerl_{name}"
+    assert o["+algorithm.tracerl_std"] == "sample"
+
+
 def test_cpu_mode_adds_the_test_only_shims() -> None:
     cfg = compose_tracerl(["backend=verl", "backend.device=cpu", "backend.rollout=tracerl_cpu"])
     o = _as_dict(verl_overrides(cfg, PATHS))
@@ -99,6 +107,7 @@ def test_cpu_mode_adds_the_test_only_shims() -> None:
         ("algorithm.name=reinforce_plus_plus", "counts a rollout once"),
         ("algorithm.name=opo", "counts a rollout once"),
         ("trainer.group_size=1", "group_size >= 2"),
+        ("algorithm.std=median", "algorithm.std"),
         ("backend.trainer_mode=fast", "trainer_mode"),
         ("backend.device=tpu", "backend.device"),
     ],

@@ -27,9 +27,9 @@ raises ``RolloutFailed`` (``rollout_outputs``, the pure part of ``run``). verl's
 siblings' rows, so the failed rollout is *excluded* from its GRPO group
 instead of being scored 0.0 (tracerl's rule), and tracerl's estimators
 (``tracerl_verl.advantages``) give a group left with one rollout advantage 0.
-With ``algorithm.exclude_failed=false`` a failed rollout's rows are returned
-scored 0.0 instead (the anchors' behaviour, opt-in), except after a failed
-model call (``sampler_error``), whose rows hold a broken turn.
+With ``algorithm.exclude_failed=false`` a failed rollout's rows (whatever its
+status) are returned scored 0.0 instead (the anchors' behaviour, opt-in, as in
+core's loop); a failed rollout without rows always raises.
 """
 
 from __future__ import annotations
@@ -216,11 +216,6 @@ class TracerlAgentLoop(AgentLoopBase):
         return outputs
 
 
-ALWAYS_EXCLUDED = frozenset({RolloutStatus.SAMPLER_ERROR, RolloutStatus.NO_MODEL_CALLS})
-"""Failures never scored 0.0, even with ``algorithm.exclude_failed=false``: a model call
-broke (the rows hold a turn the model never finished) or the model was never called."""
-
-
 def rollout_outputs(
     outcome: Any,
     *,
@@ -239,8 +234,8 @@ def rollout_outputs(
             (``core.trainer.rollouts.RolloutOutcome`` or anything shaped like it).
         prompt_length: verl's ``rollout.prompt_length``.
         response_length: verl's ``rollout.response_length``.
-        exclude_failed: ``algorithm.exclude_failed``: with False a failed rollout that has
-            trainable rows (and is not in ``ALWAYS_EXCLUDED``) is scored 0.0 instead.
+        exclude_failed: ``algorithm.exclude_failed``: with False a failed rollout (any
+            status) that has trainable rows is scored 0.0 instead, as in core's loop.
         min_global_steps: Oldest weight version any turn used.
         max_global_steps: Newest weight version any turn used.
         with_logprobs: Attach the sampler's logprobs.
@@ -264,7 +259,7 @@ def rollout_outputs(
             if result.status is not RolloutStatus.OK
             else f"rollout {outcome.request.rollout_id} made no trainable model call through the gateway"
         )
-        if exclude_failed or not rows or result.status in ALWAYS_EXCLUDED:
+        if exclude_failed or not rows:
             failed = (
                 result.status
                 if result.status is not RolloutStatus.OK
