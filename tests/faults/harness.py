@@ -30,33 +30,35 @@ from core.types import Datum, RolloutStatus, SampleResult, SamplingParams
 HERE = Path(__file__).parent
 
 
+def fault_overrides(tmp_path: Path, *extra: str, agent: str = "fault_agents:succ") -> list[str]:
+    """Overrides for a small, fast run on the fake backend: 2 prompts x 2 rollouts, 3 steps,
+    one agent process, no evaluation (its rollouts would take the faults), no canary.
+    ``extra`` overrides win."""
+    return [
+        "backend=fake",
+        f"run_dir={tmp_path / 'run'}",
+        "trainer.max_steps=3",
+        "trainer.batch_size=2",
+        "trainer.group_size=2",
+        "trainer.progress=false",
+        "trainer.loggers=[jsonl]",
+        "trainer.canary=false",
+        "trainer.eval_size=0",
+        "trainer.rollout_timeout_s=20",
+        "runtime.num_processes=1",
+        "runtime.startup_timeout_s=60",
+        f"task.agent={agent}",
+        f"+task.agent_env.PYTHONPATH={HERE}",
+        f"+task.agent_env.FAULT_DIR={tmp_path}",
+        "task.generator_kwargs.rows=40",
+        *extra,
+    ]
+
+
 def fault_config(tmp_path: Path, *extra: str, agent: str = "fault_agents:succ") -> tuple[Any, Any]:
-    """A small, fast training config on the fake backend: 2 prompts x 2 rollouts, 3 steps,
-    one agent process, no evaluation (its rollouts would take the faults), no canary. ``extra`` overrides win."""
+    """The composed config of ``fault_overrides`` and the plugins with ``backend=fake``."""
     plugins = load_plugins(extra_plugins=(fake_backend_plugin(),))
-    cfg = compose(
-        [
-            "backend=fake",
-            f"run_dir={tmp_path / 'run'}",
-            "trainer.max_steps=3",
-            "trainer.batch_size=2",
-            "trainer.group_size=2",
-            "trainer.progress=false",
-            "trainer.loggers=[jsonl]",
-            "trainer.canary=false",
-            "trainer.eval_size=0",
-            "trainer.rollout_timeout_s=20",
-            "runtime.num_processes=1",
-            "runtime.startup_timeout_s=60",
-            f"task.agent={agent}",
-            f"+task.agent_env.PYTHONPATH={HERE}",
-            f"+task.agent_env.FAULT_DIR={tmp_path}",
-            "task.generator_kwargs.rows=40",
-            *extra,
-        ],
-        plugins,
-    )
-    return cfg, plugins
+    return compose(fault_overrides(tmp_path, *extra, agent=agent), plugins), plugins
 
 
 @dataclass
