@@ -73,7 +73,9 @@ def admin_routes(gateway: Gateway) -> list[Route]:
                 _check_admin(gateway, request)
                 return JSONResponse(await fn(request))
             except GatewayError as err:
-                return JSONResponse(openai_envelope(err), status_code=err.status)
+                # 408: the rest of a stalled body must not be read as a new request
+                headers = {"connection": "close"} if err.status == 408 else None
+                return JSONResponse(openai_envelope(err), status_code=err.status, headers=headers)
 
         return endpoint
 

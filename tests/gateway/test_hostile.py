@@ -408,6 +408,15 @@ def test_a_stalled_body_gets_408_and_the_connection_closes(make_harness: Any, pa
     assert _post(h, "/v1/chat/completions", sid, _chat()).status_code == 200
 
 
+def test_a_stalled_admin_body_gets_408(make_harness: Any) -> None:
+    h = make_harness(GatewayConfig(body_read_timeout_s=0.5))
+    with socket.create_connection(("127.0.0.1", h.server.port), timeout=10) as sock:
+        sock.sendall(_raw_request("/admin/sessions", h.server.admin_token, 50) + b'{"metadata": ')
+        data = _read_all(sock)
+    assert data.startswith(b"HTTP/1.1 408"), data[:200]
+    assert h.gw.sessions() == []
+
+
 def test_a_trickled_body_cannot_outlast_the_timeout(make_harness: Any) -> None:
     h = make_harness(GatewayConfig(body_read_timeout_s=1.0))
     sid = h.session()
