@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ class MetricsWriter:
         clean = {k: _finite(v) for k, v in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())  # one per step: a crash loses at most the line being written
         step = int(record.get("step", 0))
         numeric = {k: v for k, v in clean.items() if isinstance(v, int | float) and v is not None}
         if self._wandb is not None:

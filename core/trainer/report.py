@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -72,5 +73,10 @@ def write_report(run_dir: Path) -> Path:
         f"<table>{table}</table></body></html>"
     )
     out = run_dir / "report.html"
-    out.write_text(page)
+    tmp = out.with_suffix(".html.tmp")
+    with tmp.open("w") as f:
+        f.write(page)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)  # a crash leaves the old report or the new one, never half of one
     return out

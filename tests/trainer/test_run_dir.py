@@ -128,3 +128,24 @@ def test_steps_replayed_after_a_resume_count_once(tmp_path: Path) -> None:
     assert "<td>steps</td><td>6</td>" in page
     train_curve = re.search(r'<polyline[^>]*points="([^"]*)"', page)
     assert train_curve is not None and len(train_curve.group(1).split()) == 6  # one point per step
+
+
+def test_each_metrics_record_is_fsynced_and_the_report_replaced_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import core.trainer.metrics as metrics_module
+    import core.trainer.report as report_module
+
+    synced: list[int] = []
+    monkeypatch.setattr(metrics_module.os, "fsync", lambda fd: synced.append(fd))
+    writer = MetricsWriter(tmp_path, ["jsonl"], config={})
+    writer.write({"step": 1, "reward/mean": 0.5})
+    writer.write({"step": 2, "reward/mean": 0.6})
+    writer.close()
+    assert len(synced) == 2
+    replaced: list[str] = []
+    real_replace = os.replace
+    monkeypatch.setattr(report_module.os, "replace", lambda a, b: (replaced.append(Path(b).name), real_replace(a, b)))
+    out = write_report(tmp_path)
+    assert replaced == ["report.html"] and out.read_text().startswith("<!doctype html>")
+    assert not list(tmp_path.glob("*.tmp"))
