@@ -47,15 +47,19 @@ def _odd(reply: str) -> float:
 _client: FastClient | None = None
 
 
-async def _ask(payload: dict[str, Any]) -> tuple[int, str]:
-    """One chat completion through the gateway: ``(HTTP status, reply text)``."""
+async def _ask(payload: dict[str, Any], follow_up: str = "") -> tuple[int, str]:
+    """One chat completion through the gateway: ``(HTTP status, reply text)``; with
+    ``follow_up``, the conversation goes on: the reply, then that user message."""
     global _client
     if _client is None:
         _client = FastClient(max_connections=64, timeout=60.0)
     config = payload["_config"]
+    body = _body(payload)
+    if follow_up:
+        body["messages"] += [{"role": "assistant", "content": follow_up}, {"role": "user", "content": "And?"}]
     response = await _client.post(
         f"{config['base_url'].rstrip('/')}/chat/completions",
-        json=_body(payload),
+        json=body,
         headers={"Authorization": f"Bearer {config['api_key']}"},
     )
     if response.status_code != 200:
@@ -80,6 +84,22 @@ async def succ_solve(payload: dict[str, Any]) -> dict[str, Any]:
     key = payload["_config"]["api_key"]
     (_fault_dir() / f"{key}.pid").write_text(str(os.getpid()))
     return await solve(payload)
+
+
+two_turns = AgentApp()
+
+
+@two_turns.entrypoint
+async def two_turn_solve(payload: dict[str, Any]) -> dict[str, Any]:
+    """Two model calls (the second continues the first), pid left under the session key."""
+    key = payload["_config"]["api_key"]
+    (_fault_dir() / f"{key}.pid").write_text(str(os.getpid()))
+    status, reply = await _ask(payload)
+    if status == 200:
+        status, reply = await _ask(payload, follow_up=reply)
+    if status != 200:
+        raise RuntimeError(f"gateway answered HTTP {status}: {reply[:500]}")
+    return {"reward": _odd(reply)}
 
 
 bad_rewards = AgentApp()

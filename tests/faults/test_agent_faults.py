@@ -10,10 +10,12 @@ that the run goes on, and that nothing of a failed rollout reached
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
 import signal
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,21 +39,25 @@ pytestmark = pytest.mark.integration
 def test_agent_killed_mid_turn_is_crashed_and_not_trained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGKILL the agent process serving a rollout while its model call is inside the
-    gateway (the hook runs in the sampler call), then let the call finish: the gateway
-    may have recorded the turn, but the rollout is ``crashed`` and none of it trains."""
+    """The agent makes two model calls; SIGKILL its process while the second one is
+    inside the gateway (the hook runs in that sampler call). The orphaned turn is never
+    recorded; the first turn is, but the rollout is ``crashed`` and none of it trains.
+    The other agent process serves on."""
     spy = LoopSpy().install(monkeypatch)
     victim: dict[str, object] = {}
+    calls: Counter[str] = Counter()
 
-    async def kill_first_call_of_step_2(prompt: Sequence[int], session_id: str) -> None:
-        if spy.current_step == 2 and not victim:
+    async def kill_during_a_second_call_of_step_2(prompt: Sequence[int], session_id: str) -> None:
+        calls[session_id] += 1
+        if spy.current_step == 2 and calls[session_id] == 2 and not victim:
             pid = int((tmp_path / f"{session_id}.pid").read_text())
             victim.update(session=session_id, pid=pid)
             os.kill(pid, signal.SIGKILL)
+            await asyncio.sleep(10)  # cancelled once the gateway sees the client gone
 
-    hook_sampler(monkeypatch, kill_first_call_of_step_2)
+    hook_sampler(monkeypatch, kill_during_a_second_call_of_step_2)
     cfg, plugins = fault_config(
-        tmp_path, "runtime.num_processes=2", "trainer.max_failure_rate=0.75"
+        tmp_path, "runtime.num_processes=2", "trainer.max_failure_rate=0.75", agent="fault_agents:two_turns"
     )
     code, backend = run_loop(cfg, plugins)
     assert code == 0 and victim, "the run went on to its end"
@@ -60,6 +66,12 @@ def test_agent_killed_mid_turn_is_crashed_and_not_trained(
     mine = next(o for o in step2 if o.request.session_id == victim["session"])
     assert mine.result.status is RolloutStatus.CRASHED
     assert f"pid {victim['pid']}" in (mine.result.error or "") and "mid-rollout" in (mine.result.error or "")
+    # the first turn was recorded (there is something to leave out); the second was not:
+    # cancelled as disconnected, or still in flight when the runner closed the session,
+    # whichever the gateway and the runtime noticed first
+    assert mine.faults["model_turns"] == 1
+    assert mine.faults["disconnected_turns"] + mine.faults["in_flight_at_finish"] == 1, mine.faults
+    assert len(mine.rows) == 1 and mine.rows[0].status is RolloutStatus.CRASHED
     crashed = [o for o in step2 if o.result.status is RolloutStatus.CRASHED]
     # only the rollouts on the killed process (of two) crashed
     assert 1 <= len(crashed) < len(step2), statuses(step2)
@@ -69,10 +81,9 @@ def test_agent_killed_mid_turn_is_crashed_and_not_trained(
         assert_metrics_match(records[n], spy.step(n).outcomes)
     assert records[2]["rollouts/crashed"] == len(crashed) >= 1
     assert records[2]["rollouts/excluded_failed"] == len(crashed)
+    assert records[2]["faults/disconnected_turns"] + records[2]["faults/in_flight_at_finish"] >= 1
     assert statuses(spy.step(3).outcomes) == ["ok"] * 4, "the pool kept serving"
     assert assert_trained_only_ok(spy, backend), "some step trained"
-    # the killed rollout's turn reached the gateway: there was something to leave out
-    assert mine.faults["model_turns"] == 1
 
 
 def cfg_run_dir(cfg: object) -> Path:
