@@ -7,9 +7,10 @@ group: it neither gets an advantage nor drags the group mean down. Scoring it
 even then a failed rollout without trace rows stays out (it has nothing to
 push down), as in the verl and slime plugins.
 
-The group statistics are computed on rewards divided by the group's largest
-``|reward|``, so no finite reward can overflow them (``1e200 ** 2`` would);
-the loop also refuses rewards above ``trainer.max_abs_reward`` earlier.
+The group statistics are computed directly for ordinary rewards and on
+rewards divided by the group's largest ``|reward|`` beyond 1e100, so no finite
+reward can overflow them (``1e200 ** 2`` would); the loop also refuses rewards
+above ``trainer.max_abs_reward`` earlier.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from typing import Literal
 StdKind = Literal["population", "sample"]
 STD_KINDS: tuple[str, ...] = ("population", "sample")
 """``algorithm.std`` choices: divide squared deviations by n, or by n - 1 (verl's GRPO)."""
+
+_DIRECT_MAX = 1e100
+"""Up to this ``|reward|`` the statistics are computed directly (squares stay far from
+float overflow); beyond it, on rescaled rewards."""
 
 CONSTANT_SPREAD = 1e-12
 """A group whose rewards span no more than this has no learning signal."""
@@ -103,16 +108,24 @@ def compute_group_advantages(
         if max(rewards) - min(rewards) <= CONSTANT_SPREAD:
             stats.skipped_constant += 1
             continue
-        # Work on rewards / max|reward| (all in [-1, 1]): squares and sums cannot overflow.
-        scale = max(abs(r) for r in rewards)
-        unit = [r / scale for r in rewards]
+        denom = len(rewards) if std == "population" else len(rewards) - 1
+        largest = max(abs(r) for r in rewards)
+        if largest <= _DIRECT_MAX:
+            # Ordinary rewards: the plain formula (runs reproduce bit for bit across versions).
+            mean = sum(rewards) / len(rewards)
+            var = sum((r - mean) ** 2 for r in rewards) / denom
+            scale = math.sqrt(var) + eps if normalize_std else 1.0
+            for rollout_id, reward in members:
+                stats.advantages[rollout_id] = (reward - mean) / scale
+            continue
+        # Huge rewards: work on rewards / max|reward| (all in [-1, 1]), where squares and
+        # sums cannot overflow; (r - mean) / (std + eps) with every term divided by largest.
+        unit = [r / largest for r in rewards]
         mean = sum(unit) / len(unit)
-        denom = len(unit) if std == "population" else len(unit) - 1
         spread = math.sqrt(sum((u - mean) ** 2 for u in unit) / denom)
         for (rollout_id, _), u in zip(members, unit, strict=True):
             if normalize_std:
-                # (r - mean_r) / (std_r + eps), with every term divided by ``scale``
-                stats.advantages[rollout_id] = (u - mean) / (spread + eps / scale)
+                stats.advantages[rollout_id] = (u - mean) / (spread + eps / largest)
             else:
-                stats.advantages[rollout_id] = (u - mean) * scale
+                stats.advantages[rollout_id] = (u - mean) * largest
     return stats

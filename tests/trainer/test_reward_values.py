@@ -63,3 +63,12 @@ def test_unknown_std_is_refused() -> None:
 def test_without_normalisation_advantages_keep_the_reward_scale() -> None:
     stats = compute_group_advantages(_scores([3e8, 1e8]), normalize_std=False)
     assert stats.advantages == pytest.approx({"r0": 1e8, "r1": -1e8})
+
+
+def test_ordinary_rewards_use_the_plain_formula_bit_for_bit() -> None:
+    """Seeded runs reproduce across versions only if the advantages do, to the last bit."""
+    rewards = [0.125, 0.0, 0.7, 0.3333333333333333, 0.0]
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    stats = compute_group_advantages(_scores(rewards))
+    assert [stats.advantages[f"r{i}"] for i in range(5)] == [(r - mean) / (std + 1e-4) for r in rewards]
