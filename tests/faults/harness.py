@@ -79,11 +79,18 @@ class LoopSpy:
     current_step: int = 0
     """The step whose rollouts are running (1-based; 0 before the first)."""
 
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> LoopSpy:
+    def install(self, monkeypatch: pytest.MonkeyPatch, run_dir: Path | None = None) -> LoopSpy:
+        """Spy on every ``Trainer``, or with ``run_dir`` only on the one writing there
+        (spies on concurrent trainers chain)."""
         spy = self
         rollouts, signal = Trainer._rollouts, Trainer._signal
 
+        def mine(trainer: Trainer) -> bool:
+            return run_dir is None or trainer.run_dir == run_dir
+
         async def spy_rollouts(trainer: Trainer) -> list[RolloutOutcome]:
+            if not mine(trainer):
+                return await rollouts(trainer)
             spy.trainer = trainer
             spy.current_step = trainer.step + 1
             outcomes = await rollouts(trainer)
@@ -92,7 +99,8 @@ class LoopSpy:
 
         def spy_signal(trainer: Trainer, outcomes: list[RolloutOutcome]) -> StepSignal:
             built = signal(trainer, outcomes)
-            spy.steps[-1].signal = built
+            if mine(trainer):
+                spy.steps[-1].signal = built
             return built
 
         monkeypatch.setattr(Trainer, "_rollouts", spy_rollouts)

@@ -6,12 +6,15 @@ subprocess; everything else is the usual real stack with the recording
 ``FakeBackend`` (whose tokenizer is the server's). The agent swallows the
 gateway's 503 and returns a reward anyway, so the loop, not the agent, has to
 notice the broken turns: those rollouts become ``sampler_error``, none of their
-tokens train, and the step's failure rate decides between going on and aborting.
+tokens train, and the step's failure rate decides between going on and aborting
+(two runs with different ``trainer.max_failure_rate`` share one server and its kill).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -25,16 +28,15 @@ import pytest
 
 from core.errors import RunAborted
 from core.samplers import HttpSamplerConfig, build_http_sampler
-from core.testing.fakes import CREATED, FakeBackend
+from core.testing.fakes import FakeBackend
 from core.trainer.loop import Trainer
 from core.types import RolloutStatus
 from tests.faults.harness import (
+    HookedSampler,
     LoopSpy,
     assert_metrics_match,
     assert_trained_only_ok,
     fault_config,
-    hook_sampler,
-    run_loop,
     statuses,
     step_records,
 )
@@ -72,55 +74,14 @@ class Server:
         self.proc.communicate(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[list[Server]]:
-    """Two servers, one per test, started together (each takes seconds to import torch)."""
-    started = [Server(), Server()]
+@pytest.fixture
+def server() -> Iterator[Server]:
+    started = Server()
     try:
-        for s in started:
-            s.wait_ready()
+        started.wait_ready()
         yield started
     finally:
-        for s in started:
-            s.close()
-
-
-def _install(monkeypatch: pytest.MonkeyPatch, spy: LoopSpy, server: Server) -> dict[str, Any]:
-    """The gateway samples from ``server`` through a vLLM HTTP sampler; the first model
-    call of step 2 has the server SIGKILLed 50 ms after it went out (it is then waiting
-    in the server's batch queue, with the step's other calls)."""
-    state: dict[str, Any] = {"killed": False, "sampler": None}
-
-    def http_sampler(backend: FakeBackend, seed: int) -> Any:
-        if state["sampler"] is None:  # built in the loop that uses it, shared by every version
-            state["sampler"] = build_http_sampler(
-                HttpSamplerConfig(
-                    kind="vllm",
-                    urls=[server.url],
-                    connect_retries=1,
-                    retry_backoff_s=0.01,
-                    connect_timeout_s=2.0,
-                    request_timeout_s=30.0,
-                    health_interval_s=0,
-                )
-            )
-        return state["sampler"]
-
-    async def kill_during_step_2(prompt: Sequence[int], session_id: str) -> None:
-        if spy.current_step == 2 and not state["killed"]:
-            state["killed"] = True
-            asyncio.get_running_loop().call_later(0.05, server.kill)
-
-    close = FakeBackend.aclose
-
-    async def aclose(backend: FakeBackend) -> None:
-        if state["sampler"] is not None:
-            await state["sampler"].aclose()
-        await close(backend)
-
-    hook_sampler(monkeypatch, kill_during_step_2, inner=http_sampler)
-    monkeypatch.setattr(FakeBackend, "aclose", aclose)
-    return state
+        started.close()
 
 
 def _config(tmp_path: Path, max_failure_rate: float) -> tuple[Any, Any]:
@@ -148,46 +109,94 @@ def _assert_broken_rollouts_are_sampler_errors(spy: LoopSpy) -> int:
     return broken
 
 
-def test_killed_server_mid_step_gives_sampler_errors_and_the_run_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: list[Server]
+def test_killed_server_mid_step_gives_sampler_errors_and_the_threshold_decides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: Server
 ) -> None:
-    spy = LoopSpy().install(monkeypatch)
-    state = _install(monkeypatch, spy, servers[0])
-    cfg, plugins = _config(tmp_path, max_failure_rate=1.0)
-    code, backend = run_loop(cfg, plugins)
-    assert code == 0 and state["killed"] and servers[0].proc.poll() is not None
+    """Two runs at once against one server (starting one costs seconds of CPU):
+    ``max_failure_rate=1.0`` and ``0.1``. Each holds the first model call of its step 2
+    until both runs are in step 2; then the server is SIGKILLed 50 ms after the held
+    calls go out (they wait in its batch queue)."""
+    runs = {"on": 1.0, "abort": 0.1}
+    spies = {name: LoopSpy().install(monkeypatch, run_dir=tmp_path / name / "run") for name in runs}
+    samplers: dict[int, Any] = {}
+    entered: set[str] = set()
+    both_in_step_2 = asyncio.Event()
 
+    def spy_of(backend: FakeBackend) -> tuple[str, LoopSpy]:
+        return next((n, s) for n, s in spies.items() if s.trainer is not None and s.trainer.backend is backend)
+
+    async def hold_then_kill(backend: FakeBackend, prompt: Sequence[int], session_id: str) -> None:
+        name, spy = spy_of(backend)
+        if spy.current_step != 2 or name in entered:
+            return
+        entered.add(name)
+        if len(entered) == len(runs):
+            asyncio.get_running_loop().call_later(0.05, server.kill)
+            both_in_step_2.set()
+        else:
+            with contextlib.suppress(TimeoutError):  # the other run failed before step 2
+                await asyncio.wait_for(both_in_step_2.wait(), 30)
+
+    def new_sampler(backend: FakeBackend, seed: int) -> HookedSampler:
+        if id(backend) not in samplers:  # built in the loop that uses it, kept across versions
+            samplers[id(backend)] = build_http_sampler(
+                HttpSamplerConfig(
+                    kind="vllm",
+                    urls=[server.url],
+                    connect_retries=1,
+                    retry_backoff_s=0.01,
+                    connect_timeout_s=2.0,
+                    request_timeout_s=30.0,
+                    health_interval_s=0,
+                )
+            )
+        return HookedSampler(samplers[id(backend)], functools.partial(hold_then_kill, backend))
+
+    close = FakeBackend.aclose
+
+    async def aclose(backend: FakeBackend) -> None:
+        await samplers[id(backend)].aclose()
+        await close(backend)
+
+    monkeypatch.setattr(FakeBackend, "_new_sampler", new_sampler)
+    monkeypatch.setattr(FakeBackend, "aclose", aclose)
+    configs = {name: _config(tmp_path / name, rate) for name, rate in runs.items()}
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(
+            *(Trainer(cfg, plugins).run() for cfg, plugins in configs.values()), return_exceptions=True
+        )
+
+    went_on, aborted = asyncio.run(both())
+    assert entered == set(runs) and server.proc.poll() is not None
+
+    # max_failure_rate=1.0: the run goes on to its end, the dead server failing every call
+    spy = spies["on"]
+    assert went_on == 0
     assert statuses(spy.step(1).outcomes) == ["ok"] * 6, "the server answered before the kill"
     assert "sampler_error" in statuses(spy.step(2).outcomes)
     assert statuses(spy.step(3).outcomes) == ["sampler_error"] * 6, "the server stays dead"
     broken = _assert_broken_rollouts_are_sampler_errors(spy)
-    records = step_records(Path(str(cfg.run_dir)))
+    records = step_records(tmp_path / "on" / "run")
     assert sorted(records) == [1, 2, 3]
     for n in (1, 2, 3):
         assert_metrics_match(records[n], spy.step(n).outcomes)
     assert sum(r["rollouts/sampler_error"] for r in records.values()) == broken
     assert records[3]["faults/sampler_errors"] >= 6 and records[3]["train/skipped"] == 1.0
-    assert assert_trained_only_ok(spy, backend), "step 1 trained on the server's tokens"
+    assert spy.trainer is not None
+    assert assert_trained_only_ok(spy, spy.trainer.backend), "step 1 trained on the server's tokens"
 
-
-def test_killed_server_mid_step_aborts_past_the_failure_rate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, servers: list[Server]
-) -> None:
-    spy = LoopSpy().install(monkeypatch)
-    state = _install(monkeypatch, spy, servers[1])
-    cfg, plugins = _config(tmp_path, max_failure_rate=0.25)
-    CREATED.clear()
-    with pytest.raises(RunAborted) as info:
-        asyncio.run(Trainer(cfg, plugins).run())
-    assert state["killed"]
-    message = str(info.value)
-    aborted_at = spy.steps[-1].step
-    assert aborted_at in (2, 3)
-    assert f"step {aborted_at}:" in message and "trainer.max_failure_rate=0.25" in message
+    # max_failure_rate=0.1: step 2 (at least its held call broken) aborts, naming why
+    spy = spies["abort"]
+    assert isinstance(aborted, RunAborted), aborted
+    message = str(aborted)
+    assert [s.step for s in spy.steps] == [1, 2]
+    assert statuses(spy.step(1).outcomes) == ["ok"] * 6
+    assert "step 2:" in message and "trainer.max_failure_rate=0.1" in message
     assert "'sampler_error'" in message and "sampler_errors=" in message
-    _assert_broken_rollouts_are_sampler_errors(spy)
-    # the aborted step logged nothing and trained nothing; the steps before it did
-    records = step_records(Path(str(cfg.run_dir)))
-    assert sorted(records) == list(range(1, aborted_at))
+    assert _assert_broken_rollouts_are_sampler_errors(spy) >= 1
+    # the aborted step logged and trained nothing; step 1 did both
+    assert sorted(step_records(tmp_path / "abort" / "run")) == [1]
     assert spy.steps[-1].signal is None
-    assert_trained_only_ok(spy, CREATED[-1])
+    assert spy.trainer is not None
+    assert_trained_only_ok(spy, spy.trainer.backend)
