@@ -57,7 +57,11 @@ def test_agent_killed_mid_turn_is_crashed_and_not_trained(
 
     hook_sampler(monkeypatch, kill_during_a_second_call_of_step_2)
     cfg, plugins = fault_config(
-        tmp_path, "runtime.num_processes=2", "trainer.max_failure_rate=0.75", agent="fault_agents:two_turns"
+        tmp_path,
+        "runtime.num_processes=2",
+        "trainer.group_size=4",  # with groups of 2, all four of steps 1 and 3 are constant 1 time in 16
+        "trainer.max_failure_rate=0.75",
+        agent="fault_agents:two_turns",
     )
     code, backend = run_loop(cfg, plugins)
     assert code == 0 and victim, "the run went on to its end"
@@ -82,7 +86,7 @@ def test_agent_killed_mid_turn_is_crashed_and_not_trained(
     assert records[2]["rollouts/crashed"] == len(crashed) >= 1
     assert records[2]["rollouts/excluded_failed"] == len(crashed)
     assert records[2]["faults/disconnected_turns"] + records[2]["faults/in_flight_at_finish"] >= 1
-    assert statuses(spy.step(3).outcomes) == ["ok"] * 4, "the pool kept serving"
+    assert statuses(spy.step(3).outcomes) == ["ok"] * 8, "the pool kept serving"
     assert assert_trained_only_ok(spy, backend), "some step trained"
 
 
@@ -103,6 +107,7 @@ def test_hung_sync_handler_times_out_and_the_process_is_recycled(
         "+task.agent_env.TRACERL_AGENT_THREADS='1'",
         "trainer.max_concurrent_rollouts=1",
         "trainer.rollout_timeout_s=2",
+        "trainer.group_size=3",
         "trainer.max_steps=2",
         agent="fault_agents:sync_hang",
     )
@@ -111,12 +116,12 @@ def test_hung_sync_handler_times_out_and_the_process_is_recycled(
     hung_pid = int((tmp_path / "hang.claimed").read_text())
 
     step1 = spy.step(1).outcomes
-    assert statuses(step1) == ["ok", "ok", "ok", "timeout"]
+    assert statuses(step1) == ["ok"] * 5 + ["timeout"]
     hung = next(o for o in step1 if o.result.status is RolloutStatus.TIMEOUT)
     assert "2s timeout" in (hung.result.error or "")
     assert hung.faults["model_turns"] == 1, "it timed out after a model call (a broken turn)"
     later = [o for o in spy.step(1).outcomes + spy.step(2).outcomes if o.ok]
-    assert len(later) == 7
+    assert len(later) == 11
     assert all(o.result.metrics["pid"] != hung_pid for o in later), "they ran on the fresh process"
     assert spy.trainer is not None
     (proc,) = spy.trainer.runtime.processes
@@ -125,7 +130,7 @@ def test_hung_sync_handler_times_out_and_the_process_is_recycled(
     records = step_records(cfg_run_dir(cfg))
     for n in (1, 2):
         assert_metrics_match(records[n], spy.step(n).outcomes)
-    assert records[1]["rollouts/timeout"] == 1 and records[2]["rollouts/ok"] == 4
+    assert records[1]["rollouts/timeout"] == 1 and records[2]["rollouts/ok"] == 6
     assert assert_trained_only_ok(spy, backend), "some step trained"
 
 
@@ -137,16 +142,17 @@ def test_unusable_rewards_are_invalid_and_the_group_maths_stay_finite(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In one step, the first rollout of each of four groups returns NaN, a 401-digit
-    integer, 1e200 or the string "0.5"; its two group mates return real rewards."""
+    integer, 1e200 or the string "0.5"; its four group mates return real rewards."""
     data = tmp_path / "bad.jsonl"
     kinds = ["nan", "int400", "1e200", "string"]
     _write_rows(data, [{"n": n, "answer": str(n + 1), "bad": k} for n, k in enumerate(kinds)])
+    # groups of 5: one bad reward and four real ones (all four groups constant ~1 in 4000)
     spy = LoopSpy().install(monkeypatch)
     cfg, plugins = fault_config(
         tmp_path,
         f"task.train_path={data}",
         "trainer.batch_size=4",
-        "trainer.group_size=3",
+        "trainer.group_size=5",
         "trainer.max_steps=2",
         agent="fault_agents:bad_rewards",
     )
@@ -163,12 +169,12 @@ def test_unusable_rewards_are_invalid_and_the_group_maths_stay_finite(
     assert "max_abs_reward" in (invalid["1e200"].result.error or "")
     assert "'0.5'" in (invalid["string"].result.error or "")
     assert all(o.result.reward is None and all(r.reward is None for r in o.rows) for o in invalid.values())
-    assert sum(o.ok for o in step1) == 8
+    assert sum(o.ok for o in step1) == 16
 
     records = step_records(cfg_run_dir(cfg))
     assert_metrics_match(records[1], step1)
     assert records[1]["rollouts/invalid_reward"] == 4
-    assert records[2]["rollouts/ok"] == 12, "later rollouts of the same rows are fine"
+    assert records[2]["rollouts/ok"] == 20, "later rollouts of the same rows are fine"
     for r in records.values():
         for key in ("reward/mean", "reward/std"):
             assert math.isfinite(r[key]), (key, r[key])
