@@ -15,14 +15,14 @@ from typing import Any
 
 from core.gateway.errors import bad_request
 from core.gateway.fields import opt_bool, opt_int, opt_number, opt_stop
-from core.gateway.messages import Unit, anthropic_tools, anthropic_units
+from core.gateway.messages import Units, anthropic_tools, anthropic_units
 from core.gateway.service import TurnRequest, TurnResult
 from core.types import FinishReason
 
 __all__ = ["messages_response", "messages_stream_events", "parse_count_request", "parse_messages_request"]
 
 
-def parse_count_request(body: dict[str, Any]) -> tuple[list[Unit], list[dict[str, Any]] | None]:
+def parse_count_request(body: dict[str, Any]) -> tuple[Units, list[dict[str, Any]] | None]:
     """(units, tools) of a ``/v1/messages/count_tokens`` body."""
     if "messages" not in body:
         raise bad_request("'messages' is required: a non-empty list of messages", param="messages")

@@ -8,7 +8,9 @@ Defines:
 - ``Node``: one canonical message in the tree; generated assistant messages
   carry their ``Turn``.
 - ``match_path``: how far a request's messages follow the tree (raw JSON
-  compared first, canonical form only on a miss).
+  compared first, canonical form only on a miss; a still-valid earlier match
+  of the same history is taken whole after one list comparison).
+- ``Matched``: that earlier match, kept per session.
 - ``reserve_prompt`` / ``release``: build the prompt that extends a served turn.
 - ``build_rows``: pack the turns into ``TraceRecord`` rows.
 
@@ -24,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.gateway.messages import Unit
+from core.gateway.messages import Unit, raws_of
 from core.types import FinishReason, TraceRecord, TurnSpan
 
-__all__ = ["Node", "Turn", "build_rows", "match_path", "release", "reserve_prompt"]
+__all__ = ["Matched", "Node", "Turn", "build_rows", "match_path", "release", "reserve_prompt"]
 
 
 @dataclass(eq=False, slots=True)
@@ -72,11 +74,50 @@ class Node:
     """Following messages, oldest first."""
 
 
-def match_path(root: Node, units: Sequence[Unit]) -> list[Node]:
-    """The tree nodes matching a prefix of ``units``, most recent branch preferred."""
+@dataclass(slots=True)
+class Matched:
+    """``match_path``'s answer for a request's messages, for as long as the tree is unchanged.
+
+    Why: agents resend the whole history every turn, so matching it message by
+    message costs Python work per message, growing with the context. The turn
+    that follows resends these messages first; when its raw messages start with
+    ``raws`` (one C-speed list comparison) and the tree is still at ``version``,
+    ``match_path`` would walk exactly to ``nodes`` (the last raw-equal child at
+    each level is the one it picked, and nothing was added since), so they are
+    taken whole.
+    """
+
+    version: int
+    """``Session.tree_version`` the match holds for."""
+    raws: list[Any]
+    """The raw messages matched (a private copy of the list)."""
+    nodes: list[Node]
+    """One node per raw message: what ``match_path`` returns for them."""
+    chain_len: int = 0
+    """Linear mode: the length of the session's chain (its newest children from the root)
+    when ``tip`` is set."""
+    tip: Node | None = None
+    """Linear mode: the chain's last node when it is the turn recorded after ``nodes``
+    (that turn extended the chain); None: unknown, walk the chain."""
+
+
+def match_path(root: Node, units: Sequence[Unit], prefix: Matched | None = None) -> list[Node]:
+    """The tree nodes matching a prefix of ``units``, most recent branch preferred.
+
+    ``prefix``: a ``Matched`` the caller knows to be current (tree unchanged since);
+    when the units' raw messages start with its ``raws``, its nodes are the first matches.
+    """
     path: list[Node] = []
     node = root
-    for unit in units:
+    start = 0
+    if prefix is not None:
+        n = len(prefix.raws)
+        if 0 < n <= len(units) and raws_of(units)[:n] == prefix.raws:
+            path = list(prefix.nodes)
+            node = path[-1]
+            start = n
+    for i in range(start, len(units)):
+        unit = units[i]
         children = node.children
         nxt = None
         for child in reversed(children):

@@ -6,6 +6,10 @@ Defines:
   canonical form computed lazily. History matching compares the raw JSON first
   (a C-speed ``==``), so a message the gateway has seen before is never
   converted again; that keeps a turn's cost independent of the history length.
+- ``Units``: a request's units, each made on first use; ``raws`` is the
+  request's raw messages as one list, so a history the gateway has seen is
+  recognised by one C-speed list comparison (``core.gateway.history.match_path``)
+  and no unit is made for it.
 - ``openai_units`` / ``anthropic_units``: validate a request's messages and
   wrap them as units.
 - ``openai_tools`` / ``anthropic_tools``: validate tool definitions and return
@@ -20,20 +24,22 @@ their ids so the same message echoed back by a client compares equal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from core.gateway import safejson
 from core.gateway.errors import bad_request
 
 __all__ = [
     "Unit",
+    "Units",
     "anthropic_tools",
     "anthropic_units",
     "canonical_tool_call",
     "openai_tools",
     "openai_units",
+    "raws_of",
 ]
 
 Canon = list[dict[str, Any]]
@@ -56,6 +62,46 @@ class Unit:
         if self._canon is None:
             self._canon = self.convert(self.raw, self.index)
         return self._canon
+
+
+class Units(Sequence[Unit]):
+    """A request's units, each made on first use (an unchanged history costs no per-message work)."""
+
+    __slots__ = ("_make", "_units", "raws")
+
+    def __init__(self, raws: list[Any], make: Callable[[int], Unit]) -> None:
+        """Args:
+        raws: Each unit's raw JSON, in order (not copied; never mutated here).
+        make: Builds the unit at an index.
+        """
+        self.raws = raws
+        self._make = make
+        self._units: list[Unit | None] = [None] * len(raws)
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    @overload
+    def __getitem__(self, i: int) -> Unit: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Unit]: ...
+    def __getitem__(self, i: int | slice) -> Unit | list[Unit]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.raws)))]
+        unit = self._units[i]
+        if unit is None:
+            unit = self._units[i] = self._make(i % len(self.raws))
+        return unit
+
+    def __iter__(self) -> Iterator[Unit]:
+        for i in range(len(self.raws)):
+            yield self[i]
+
+
+def raws_of(units: Sequence[Unit]) -> list[Any]:
+    """The units' raw JSON as a list (``Units.raws`` as is; built for other sequences)."""
+    raws = getattr(units, "raws", None)
+    return raws if isinstance(raws, list) else [u.raw for u in units]
 
 
 def canonical_tool_call(call_id: str, name: str, arguments: Any, *, param: str | None = None) -> dict[str, Any]:
@@ -109,6 +155,8 @@ def _check_messages(messages: Any, param: str) -> list[Any]:
         raise bad_request(f"'{param}' must be a list of messages, got {type(messages).__name__}", param=param)
     if not messages:
         raise bad_request(f"'{param}' must hold at least one message, got an empty list", param=param)
+    if set(map(type, messages)) == {dict}:  # C speed: the usual case, every message a plain object
+        return messages
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"{param}[{i}] must be an object, got {type(m).__name__}", param=param)
@@ -163,9 +211,10 @@ def _openai_convert(m: Any, i: int) -> Canon:
     )
 
 
-def openai_units(messages: Any) -> list[Unit]:
+def openai_units(messages: Any) -> Units:
     """Wrap an OpenAI ``messages`` list (validated structurally now, fully on conversion)."""
-    return [Unit(m, _openai_convert, i) for i, m in enumerate(_check_messages(messages, "messages"))]
+    msgs = _check_messages(messages, "messages")
+    return Units(msgs, lambda i: Unit(msgs[i], _openai_convert, i))
 
 
 def openai_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -244,14 +293,16 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
     return out
 
 
-def anthropic_units(system: Any, messages: Any) -> list[Unit]:
+def anthropic_units(system: Any, messages: Any) -> Units:
     """Wrap an Anthropic request's ``system`` and ``messages`` as units."""
-    units: list[Unit] = []
+    msgs = _check_messages(messages, "messages")
     if system is not None and system != "" and system != []:
-        units.append(Unit(("system", system), _anthropic_system, -1))
-    for i, m in enumerate(_check_messages(messages, "messages")):
-        units.append(Unit(m, _anthropic_convert, i))
-    return units
+        sys_raw = ("system", system)
+        return Units(
+            [sys_raw, *msgs],
+            lambda i: Unit(sys_raw, _anthropic_system, -1) if i == 0 else Unit(msgs[i - 1], _anthropic_convert, i - 1),
+        )
+    return Units(msgs, lambda i: Unit(msgs[i], _anthropic_convert, i))
 
 
 def anthropic_tools(tools: Any) -> list[dict[str, Any]] | None:

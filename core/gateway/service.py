@@ -40,8 +40,16 @@ from core.gateway.errors import (
     session_closed,
     unauthorized,
 )
-from core.gateway.history import Node, Turn, build_rows, match_path, release, reserve_prompt
-from core.gateway.messages import Unit, canonical_tool_call
+from core.gateway.history import (
+    Matched,
+    Node,
+    Turn,
+    build_rows,
+    match_path,
+    release,
+    reserve_prompt,
+)
+from core.gateway.messages import Unit, canonical_tool_call, raws_of
 from core.gateway.render import (
     ChatRenderer,
     InvalidText,
@@ -70,8 +78,8 @@ RENDER_THREADS = 2
 class TurnRequest:
     """A chat request in dialect-neutral form."""
 
-    units: list[Unit]
-    """The conversation, one unit per wire message."""
+    units: Sequence[Unit]
+    """The conversation, one unit per wire message (``messages.Units`` from the routes)."""
     tools: list[dict[str, Any]] | None = None
     """Tools in chat-template form."""
     max_tokens: int | None = None
@@ -148,6 +156,8 @@ class Gateway:
         self.end_of_turn_ids: tuple[int, ...] = end_of_turn_ids(tokenizer, generation_config=generation_config)
         """Token ids that end the model's turn; every turn is sampled with them as stop ids."""
         self._stop_ids: frozenset[int] = frozenset(self.end_of_turn_ids)
+        self._reuse_matches = True
+        """Reuse a session's last match (``Session.matched``); off only to test that it changes nothing."""
 
     # ------------------------------------------------------------------ trainer API
 
@@ -360,29 +370,42 @@ class Gateway:
 
     async def _build_prompt(
         self, s: Session, req: TurnRequest
-    ) -> tuple[list[int], Turn | None, bool, list[Node], int]:
-        """(prompt, parent turn, owned, matched path, units matched) for this request.
+    ) -> tuple[list[int], Turn | None, bool, list[Node], int, tuple[int, bool]]:
+        """(prompt, parent turn, owned, matched path, units matched, (tree version, at the chain's
+        end)) for this request.
 
-        The context budget is checked on the rendered text before it is tokenized
+        The last recorded turn's match (``Session.matched``) is reused when the tree
+        is unchanged since, so a resent history costs one list comparison, not a
+        step per message. The context budget is checked on the rendered text before it is tokenized
         (``ChatRenderer.min_tokens``), so an oversized prompt costs a render, not a
         tokenization; large renders run off the event loop (``_render``).
         """
         limit = s.max_context_tokens - 1 if s.max_context_tokens else None
-        path = match_path(s.root, req.units)
+        cached = s.matched if s.matched is not None and s.matched.version == s.tree_version else None
+        path = match_path(s.root, req.units, cached if self._reuse_matches else None)
         k = len(path)
         depth = k
+        at_end = False
         if s.history_mode == "linear":
             # Linear: the request must extend the whole current chain, ending on our turn.
-            chain_len = 0
-            node = s.root
-            while node.children:
-                node = node.children[-1]
-                chain_len += 1
+            if cached is not None and cached.tip is not None and self._reuse_matches:
+                chain_len, tip = cached.chain_len, cached.tip  # the tree is as it was then
+            else:
+                chain_len = 0
+                tip = s.root
+                while tip.children:
+                    tip = tip.children[-1]
+                    chain_len += 1
             if k < chain_len or (path and path[-1].turn is None):
                 if s.turns:
                     s.counters["nonlinear_resets"] += 1
                 s.root = Node(canon=[])
                 path, k, depth = [], 0, 0
+                at_end = True
+            else:
+                at_end = (path[-1] if path else s.root) is tip
+        s.tree_version += 1  # the match may have set raws, the reset replaced the tree
+        mark = (s.tree_version, at_end)
         gen = next((i for i in range(depth - 1, -1, -1) if path[i].turn is not None), -1)
         if gen >= 0:
             parent = path[gen].turn
@@ -400,13 +423,13 @@ class Gateway:
                 s.counters["tail_fallbacks"] += 1
             else:
                 prompt, owned = reserve_prompt(parent, delta)
-                return prompt, parent, owned, path, k
+                return prompt, parent, owned, path, k, mark
         s.counters["full_renders"] += 1
         messages = [m for u in req.units for m in u.canon()]
         prompt = await self._render(
             s, req.units, req.tools, req.size, self.renderer.render_prompt, messages, req.tools, limit=limit
         )
-        return prompt, None, False, path, k
+        return prompt, None, False, path, k, mark
 
     async def run_turn(self, sid: str, req: TurnRequest) -> TurnResult:
         """Render, sample, parse and record one turn of session ``sid``.
@@ -432,7 +455,7 @@ class Gateway:
                 param="tools",
             )
         params = self._params(s, req)
-        prompt, parent, owned, path, k = await self._build_prompt(s, req)
+        prompt, parent, owned, path, k, mark = await self._build_prompt(s, req)
         try:
             if s.max_context_tokens:
                 room = s.max_context_tokens - len(prompt)
@@ -464,7 +487,7 @@ class Gateway:
             if isinstance(exc, asyncio.CancelledError):
                 s.counters["disconnected_turns"] += 1
             raise
-        return self._record(s, req, params, prompt, prompt_len, parent, path, k, result)
+        return self._record(s, req, params, prompt, prompt_len, parent, path, k, mark, result)
 
     async def _sample(self, s: Session, prompt: list[int], params: SamplingParams) -> SampleResult:
         sampler = self._sampler  # in-flight turns keep the sampler they started on
@@ -498,6 +521,7 @@ class Gateway:
         parent: Turn | None,
         path: list[Node],
         k: int,
+        mark: tuple[int, bool],
         result: SampleResult,
     ) -> TurnResult:
         ids = list(result.token_ids)
@@ -545,11 +569,23 @@ class Gateway:
         if calls:
             assistant["tool_calls"] = calls
         node = path[-1] if path else s.root
+        nodes = list(path)
         for unit in req.units[k:]:
             child = Node(canon=unit.canon(), raw=unit.raw)
             node.children.append(child)
             node = child
-        node.children.append(Node(canon=[assistant], turn=turn))
+            nodes.append(child)
+        reply = Node(canon=[assistant], turn=turn)
+        node.children.append(reply)
+        version, at_end = mark
+        s.tree_version += 1
+        # Nothing changed the tree between this turn's match and now: ``nodes`` is what
+        # match_path returns for these messages until the tree changes again.
+        s.matched = (
+            Matched(s.tree_version, list(raws_of(req.units)), nodes, len(nodes) + 1, reply if at_end else None)
+            if version == s.tree_version - 1 and nodes
+            else None
+        )
         return TurnResult(
             content=parsed.content,
             tool_calls=calls,

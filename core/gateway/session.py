@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.gateway.history import Node, Turn
+from core.gateway.history import Matched, Node, Turn
 from core.types import SamplingParams
 
 __all__ = ["COUNTERS", "Session", "new_session_id"]
@@ -56,6 +56,10 @@ class Session:
     """Caller data; ``rollout_id`` and ``group_id`` land on the rows."""
     root: Node = field(default_factory=lambda: Node(canon=[]))
     """Root of the message tree (linear mode: the current chain's root)."""
+    tree_version: int = 0
+    """Bumped whenever the tree may have changed (a match, a reset, a recorded turn)."""
+    matched: Matched | None = None
+    """The last recorded turn's messages and their nodes, valid while ``tree_version`` is its own."""
     turns: list[Turn] = field(default_factory=list)
     """Generated turns in creation order."""
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
