@@ -370,9 +370,8 @@ class Gateway:
 
     async def _build_prompt(
         self, s: Session, req: TurnRequest
-    ) -> tuple[list[int], Turn | None, bool, list[Node], int, tuple[int, bool]]:
-        """(prompt, parent turn, owned, matched path, units matched, (tree version, at the chain's
-        end)) for this request.
+    ) -> tuple[list[int], Turn | None, bool, list[Node], int, Mark]:
+        """(prompt, parent turn, owned, matched path, units matched, ``Mark``) for this request.
 
         The last recorded turn's match (``Session.matched``) is reused when the tree
         is unchanged since, so a resent history costs one list comparison, not a
@@ -405,7 +404,13 @@ class Gateway:
             else:
                 at_end = (path[-1] if path else s.root) is tip
         s.tree_version += 1  # the match may have set raws, the reset replaced the tree
-        mark = (s.tree_version, at_end)
+        reused = (
+            cached.raws
+            if cached is not None and self._reuse_matches and k >= len(cached.nodes)
+            and path[len(cached.nodes) - 1] is cached.nodes[-1]
+            else None
+        )
+        mark = Mark(s.tree_version, at_end, reused)
         gen = next((i for i in range(depth - 1, -1, -1) if path[i].turn is not None), -1)
         if gen >= 0:
             parent = path[gen].turn
@@ -521,7 +526,7 @@ class Gateway:
         parent: Turn | None,
         path: list[Node],
         k: int,
-        mark: tuple[int, bool],
+        mark: Mark,
         result: SampleResult,
     ) -> TurnResult:
         ids = list(result.token_ids)
@@ -577,15 +582,16 @@ class Gateway:
             nodes.append(child)
         reply = Node(canon=[assistant], turn=turn)
         node.children.append(reply)
-        version, at_end = mark
         s.tree_version += 1
-        # Nothing changed the tree between this turn's match and now: ``nodes`` is what
-        # match_path returns for these messages until the tree changes again.
-        s.matched = (
-            Matched(s.tree_version, list(raws_of(req.units)), nodes, len(nodes) + 1, reply if at_end else None)
-            if version == s.tree_version - 1 and nodes
-            else None
-        )
+        s.matched = None
+        if mark.version == s.tree_version - 1 and nodes:
+            # Nothing changed the tree between this turn's match and now: ``nodes`` is what
+            # match_path returns for these messages until the tree changes again. The raws
+            # already kept stand in for the equal ones just parsed, so a session keeps one
+            # copy of its history's JSON, not two.
+            raws = raws_of(req.units)
+            kept = mark.reused + raws[len(mark.reused) :] if mark.reused is not None else list(raws)
+            s.matched = Matched(s.tree_version, kept, nodes, len(nodes) + 1, reply if mark.at_end else None)
         return TurnResult(
             content=parsed.content,
             tool_calls=calls,
@@ -606,6 +612,18 @@ class Gateway:
             return self._parse(text)
         except Exception as exc:
             return ParsedOutput(content=text, ill_formed=True, error=f"parser failed: {type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """What ``_build_prompt`` hands ``_record`` about the tree it matched against."""
+
+    version: int
+    """``Session.tree_version`` right after the match."""
+    at_end: bool
+    """Linear mode: the turn will extend the session's chain (it attaches at the chain's end)."""
+    reused: list[Any] | None
+    """The kept raws of ``Session.matched`` when the match started from them."""
 
 
 def _surrogate_field(units: Sequence[Unit], tools: list[dict[str, Any]] | None) -> str:

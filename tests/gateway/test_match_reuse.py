@@ -103,6 +103,10 @@ def test_resent_history_is_matched_without_touching_its_messages(byte_tokenizer:
     for i, made in enumerate(made_per_turn[1:], start=1):
         # the echoed reply and the new question; the resent history is never wrapped
         assert made == [2 * i, 2 * i + 1], (i, made)
+    # one copy of the history's JSON per session: the kept raws are the ones the nodes hold
+    matched = gw.session(sid).matched
+    assert matched is not None and len(matched.raws) == len(history) - 1
+    assert all(r is n.raw for r, n in zip(matched.raws, matched.nodes, strict=True))
     rows = gw.finish_session(sid)
     assert len(rows) == 1 and len(rows[0].turns) == 6
     assert gw.session(sid).counters["full_renders"] == 1
