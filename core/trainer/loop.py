@@ -91,9 +91,9 @@ _UNCLIPPED_LOSSES = ("cross_entropy", "importance_sampling")
 def check_loss_config(loss: str, loss_config: Any) -> None:
     """Refuse, before any rollout, a ``loss_config`` that contradicts ``loss``.
 
-    The default ``loss_config`` holds PPO's clip range; ``cross_entropy`` and
-    ``importance_sampling`` clip nothing, and every backend refuses clip keys for
-    them, but only at the first ``forward_backward``, after a step of rollouts.
+    ``cross_entropy`` and ``importance_sampling`` clip nothing, and every backend
+    refuses clip keys for them, but only at the first ``forward_backward``, after
+    a step of rollouts.
     """
     config = OmegaConf.to_container(loss_config, resolve=True) if OmegaConf.is_config(loss_config) else loss_config
     if not isinstance(config, dict):
@@ -105,10 +105,10 @@ def check_loss_config(loss: str, loss_config: Any) -> None:
     if loss in _UNCLIPPED_LOSSES and clips:
         drop = " ".join(f"~algorithm.loss_config.{k}" for k in clips)
         raise ConfigError(
-            f"algorithm.loss={loss} clips nothing, but algorithm.loss_config sets {clips} "
-            f"(the default loss_config is PPO's clip range); drop them with '{drop}' on the "
-            "command line (Hydra merges 'algorithm.loss_config={}' into the default instead of "
-            "replacing it), or use loss=ppo or cispo"
+            f"algorithm.loss={loss} clips nothing, but algorithm.loss_config sets {clips}; "
+            f"drop them with '{drop}' on the command line (Hydra merges "
+            "'algorithm.loss_config={}' into a config instead of replacing it), or use "
+            "loss=ppo or cispo"
         )
 
 
