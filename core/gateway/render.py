@@ -76,6 +76,21 @@ def _check_unicode(text: str, exc: Exception) -> None:
         raise InvalidText("the text holds a lone UTF-16 surrogate") from exc
 
 
+_CHUNK_CHARS = 32_768
+"""Without a trusted length bound, long texts are counted in pieces this long first."""
+
+
+def _longest_token_chars(tokenizer: Any) -> int:
+    """Length of the longest vocabulary (or added-token) string; 1 when unknown."""
+    try:
+        strings = list(tokenizer.get_vocab())
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        strings += [str(getattr(t, "content", t)) for t in added.values()]
+    except Exception:
+        return 1
+    return max([1, *(len(x) for x in strings)])
+
+
 def _max_token_chars(tokenizer: Any, backend: Any) -> int | None:
     """Most characters of text one token can cover; None when that cannot be trusted.
 
@@ -147,6 +162,7 @@ class ChatRenderer:
         self._anchor_lock = threading.Lock()  # large renders run in worker threads
         self.max_token_chars: int | None = _max_token_chars(tokenizer, self._backend)
         """Most characters one token covers (``min_tokens``' divisor); None: no length bound."""
+        self._longest_token = _longest_token_chars(tokenizer)
         normalizer = getattr(self._backend, "normalizer", None)
         self._normalize: Any = getattr(normalizer, "normalize_str", None)
         # transformers' own compiled template (same sandbox, filters and globals as
@@ -226,13 +242,36 @@ class ChatRenderer:
 
     def _check_fits(self, text: str, limit: int | None, already: int = 0) -> None:
         """Raise ``PromptTooLong`` when ``text`` needs more than ``limit`` tokens for certain."""
-        if limit is None or self.max_token_chars is None or len(text) <= limit * self.max_token_chars:
+        if limit is None:
+            return
+        if self.max_token_chars is None:
+            if len(text) > max(4 * _CHUNK_CHARS, 8 * limit):
+                self._check_fits_in_pieces(text, limit, already)
+            return
+        if len(text) <= limit * self.max_token_chars:
             return
         if self._normalize is not None:  # e.g. NFC may merge characters; measure what is tokenized
             text = self._normalize(text)
         least = self.min_tokens(text)
         if least > limit:
             raise PromptTooLong(already + least)
+
+    def _check_fits_in_pieces(self, text: str, limit: int, already: int) -> None:
+        """``_check_fits`` for a tokenizer without a trusted length bound (one that drops
+        or fuses characters it does not know): count the text piece by piece and refuse
+        once the pieces read so far need far more than ``limit`` tokens, so a huge hostile
+        body costs a few pieces of tokenizing, not all of it.
+
+        A token can span a cut between pieces, so every cut may save up to the longest
+        token's length in tokens; that is taken off, and the refusal waits for twice the
+        limit, so a prompt near the limit is always left to the exact count.
+        """
+        total = 0
+        for cuts, start in enumerate(range(0, len(text), _CHUNK_CHARS), start=1):
+            total += len(self.encode(text[start : start + _CHUNK_CHARS]))
+            least = total - cuts * self._longest_token
+            if least > 2 * limit:
+                raise PromptTooLong(already + least)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included."""

@@ -156,18 +156,33 @@ def test_the_step_with_bad_input_is_unaffected(hostile_run: HostileRun) -> None:
     assert_trained_only_ok(run.spy, run.backend)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the gateway refuses an over-budget body before tokenizing only when the tokenizer "
-    "round-trips every character (core.gateway.render._max_token_chars); the embedded tiny "
-    "tokenizer (build_tiny_tokenizer, used by the default run and FakeBackend) covers only the "
-    "task's characters, so it gets no bound and a 5.4 MB count_tokens body is tokenized in full "
-    "(about 40 s on the 2-core CI machine) before its 400",
-)
-def test_a_5mb_body_is_refused_without_tokenizing_with_the_tiny_tokenizer() -> None:
-    """Checked on the renderer, not over HTTP: the full request costs ~40 s of CPU."""
-    from core.gateway.render import ChatRenderer
+def test_a_5mb_body_is_refused_after_tokenizing_a_few_pieces_with_the_tiny_tokenizer() -> None:
+    """The embedded tiny tokenizer covers only the task's characters, so it gets no
+    length bound (``max_token_chars`` is None) and used to tokenize a 5.4 MB
+    count_tokens body in full (about 40 s here) before its 400. Checked on the
+    renderer, by what it tokenizes, not by timing."""
+    from core.gateway.render import ChatRenderer, PromptTooLong
     from core.tokenizer import build_tiny_tokenizer
 
     renderer = ChatRenderer(build_tiny_tokenizer())
-    assert renderer.min_tokens("After 3? " * 600_000) > 4096
+    assert renderer.max_token_chars is None
+    encoded: list[int] = []
+    real_encode = renderer.encode
+
+    def counting_encode(text: str) -> list[int]:
+        encoded.append(len(text))
+        return real_encode(text)
+
+    renderer.encode = counting_encode  # type: ignore[method-assign]
+    body = [{"role": "user", "content": "After 3? " * 600_000}]
+    with pytest.raises(PromptTooLong):
+        renderer.count(body, None, limit=4096)
+    assert 0 < sum(encoded) <= 200_000  # a few pieces of the 5.4 M characters
+
+    # A prompt near the limit is left to the exact count, never refused by the pieces.
+    encoded.clear()
+    # The tokenizer drops characters it does not know: 21 characters per token here.
+    near = [{"role": "user", "content": ("\U0001f642" * 20 + "a") * 10_000}]
+    exact = len(real_encode(renderer.render_text(near, None, add_generation_prompt=True)))
+    assert renderer.count(near, None, limit=exact) == exact
+    assert sum(encoded) >= 210_000  # it was counted in pieces, then exactly
