@@ -165,3 +165,41 @@ def test_body_parse_refuses_what_json_refuses() -> None:
             json.loads(raw)
         with pytest.raises((ValueError, RecursionError)):
             _loads(raw)
+
+
+def _branchy_linear_session(tok: Any, reuse: bool) -> tuple[list[Any], dict[str, int]]:
+    """Linear mode, two concurrent turns on one history (the newest branch wins the chain),
+    then the older branch continued, then the chain's branch continued."""
+    gw = Gateway(
+        tokenizer=tok,
+        sampler=ScriptedSampler(default=encode_reply(tok, "ok"), tokenizer=tok, record_calls=False, delay_s=0.001),
+        config=GatewayConfig(max_context_tokens=0),
+    )
+    gw._reuse_matches = reuse
+    sid = gw.create_session(history_mode="linear")
+    h = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+
+    async def turn(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = await gw.run_turn(sid, TurnRequest(units=openai_units(json.loads(json.dumps(msgs)))))
+        return [*msgs, {"role": "assistant", "content": out.content}]
+
+    async def go() -> None:
+        h1 = await turn(h)
+        x, z = await asyncio.gather(
+            turn([*h1, {"role": "user", "content": "x"}]), turn([*h1, {"role": "user", "content": "z"}])
+        )
+        await turn([*x, {"role": "user", "content": "y"}])  # off the chain (z's branch is newest)
+        await turn([*z, {"role": "user", "content": "w"}])  # the chain's own branch: still linear
+
+    asyncio.run(go())
+    rows = [dataclasses.asdict(r) for r in gw.finish_session(sid)]
+    for r in rows:
+        r.pop("session_id")
+    return rows, dict(gw.session(sid).counters)
+
+
+def test_linear_chain_length_is_kept_right_off_the_chain(byte_tokenizer: Any) -> None:
+    """A turn recorded off the newest branch does not move the chain's end (no spurious reset)."""
+    with_reuse = _branchy_linear_session(byte_tokenizer, reuse=True)
+    assert with_reuse == _branchy_linear_session(byte_tokenizer, reuse=False)
+    assert with_reuse[1]["nonlinear_resets"] == 0
