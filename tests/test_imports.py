@@ -50,3 +50,25 @@ def test_loading_plugins_imports_no_heavy_dependency() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_gateway_with_the_tiny_tokenizer_does_not_import_torch() -> None:
+    """What ``python -m core.gateway`` builds by default (tokenizer, scripted sampler, gateway,
+    ASGI app, a parsed request) stays free of torch. A tokenizer loaded by name or path goes
+    through transformers' ``AutoTokenizer``, which imports torch when it is installed; that
+    path is not covered here."""
+    code = (
+        "import json, sys\n"
+        "from core.tokenizer import load_tokenizer\n"
+        "from core.gateway import Gateway\n"
+        "from core.gateway.app import build_app, parse_body\n"
+        "from core.samplers import ScriptedSampler, encode_reply\n"
+        "tok = load_tokenizer('tiny')\n"
+        "gw = Gateway(tokenizer=tok, sampler=ScriptedSampler(default=encode_reply(tok, 'hi'), tokenizer=tok))\n"
+        "build_app(gw)\n"
+        "parse_body(b'{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}')\n"
+        "print(json.dumps(sorted(m for m in ('torch',) if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
