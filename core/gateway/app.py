@@ -99,12 +99,14 @@ def _loads(raw: bytes) -> Any:
     """``json.loads(raw)``, parsed by orjson when that gives the same objects.
 
     Why: parsing the body is the one step of a turn whose cost grows with the
-    context (agents resend the whole history), and orjson parses it about ten
-    times faster. It differs from ``json`` in what it refuses (NaN, lone
-    surrogates, a BOM, UTF-16, nesting past 1024, infinities) and in integers
-    beyond 64 bits, which it makes floats; refused bodies go to ``json`` (same
-    answer and same errors as before), and a body with a run of 19 digits
-    anywhere (a C-speed scan) too, so no integer changes.
+    context (agents resend the whole history). On a 47 kB chat body orjson
+    takes about 45 us against json's 85 us, and the digit scan below 26 us,
+    so the net gain is small (about 15 us) but grows no worse with the body.
+    orjson differs from ``json`` in what it refuses (NaN, lone surrogates, a
+    BOM, UTF-16, nesting past 1024, infinities) and in integers beyond 64 bits,
+    which it makes floats; refused bodies go to ``json`` (same answer and same
+    errors as before), and a body with a run of 19 digits anywhere (a C-speed
+    scan) too, so no integer changes.
     """
     try:
         body = orjson.loads(raw)
