@@ -1,127 +1,146 @@
 """The embedded default really learns, and would not if the maths were wrong.
 
 A shortened ``python -m core.train`` (local torch backend, tiny model built
-from the seed, agent processes under the local runtime, real gateway) must
-lift the mean reward from near zero (a random policy scores about 0.002 on
-succ_digit) far above it. Each sabotaged variant breaks one thing a silent
-bug could break: the advantage sign, the loss mask, the logprobs the ratio
-is computed against, or the weight sync. None of them may learn in the same
-number of steps. The prototype in shared/research/toy-task.md saw every such
-sabotage stay below 0.15 while healthy runs passed 0.9.
+from the seed, agent processes under the local runtime, real gateway, the
+default recipe) must lift the mean reward from near zero (a random policy
+scores about 0.002 on succ_digit) far above it. Each sabotaged variant
+(tests/trainer/learning_run.py) breaks one thing a silent bug could break:
+the advantage sign, the loss mask, the logprobs the ratio is computed
+against, or the weight sync. The prototype in shared/research/toy-task.md
+saw every such sabotage stay below 0.15 while healthy runs passed 0.9.
+
+To keep this cheap the sabotaged runs do not start from scratch. The healthy
+run (seed 0; runs are reproducible, and a resumed run continues exactly)
+saves a checkpoint at ``RESUME_AT``, still near the baseline but just before
+its reward takes off; each sabotaged variant resumes from that checkpoint
+and runs to ``STEPS``, the horizon at which the healthy run, from the same
+state, has learned. A variant that stays low there is a variant that broke
+learning, not one that was merely slower. The runs are separate processes,
+``TRACERL_LEARNING_JOBS`` (default 2) at a time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from dataclasses import replace
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import core.trainer.loop as loop
-from core.plugins import load_plugins
-from core.testing.fakes import compose
-from core.trainer.loop import Trainer
+from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
 from core.trainer.metrics import read_metrics
 
+RUNNER = Path(__file__).with_name("learning_run.py")
+SEED = 0
 STEPS = 250
-"""The default run (seed 0; runs are reproducible) passes 0.8 near step 200."""
+"""Seed 0 of the default recipe passes 0.8 (mean of 5 steps) near step 230
+(benchmarks/seeds.py); at 250 the last ten steps average about 0.95."""
+RESUME_AT = 175
+"""Where the sabotaged runs start: the healthy run is still below 0.05 here."""
 WINDOW = 10
-
-
-def _train(tmp_path: Path, *overrides: str) -> list[dict[str, Any]]:
-    plugins = load_plugins()
-    cfg = compose(
-        [
-            f"run_dir={tmp_path / 'run'}",
-            f"trainer.max_steps={STEPS}",
-            "trainer.progress=false",
-            "trainer.loggers=[jsonl]",
-            "seed=0",
-            *overrides,
-        ],
-        plugins,
-    )
-    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
-    return [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+LEARNING_JOBS = max(1, int(os.environ.get("TRACERL_LEARNING_JOBS", "2")))
+SABOTAGES = ["negated-advantages", "shifted-mask", "mismatched-logprobs", "no-weight-sync"]
+Records = list[dict[str, Any]]
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _final(records: list[dict[str, Any]]) -> float:
-    return _mean([r["reward/mean"] for r in records[-WINDOW:]])
+def window_mean(records: Records, end: int) -> float:
+    """Mean reward of the ``WINDOW`` steps ending at step ``end`` (by step number)."""
+    by_step = {int(r["step"]): r["reward/mean"] for r in records}
+    return _mean([by_step[s] for s in range(end - WINDOW + 1, end + 1)])
+
+
+def _run(variant: str, run_dir: Path, log: Path, *overrides: str) -> tuple[Records, float]:
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *overrides],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=1200,
+        )
+    assert proc.returncode == 0, f"{variant} run failed (exit {proc.returncode}):\n{log.read_text()[-3000:]}"
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    return records, time.perf_counter() - start
+
+
+def _wait_for_checkpoint(healthy: Future[tuple[Records, float]], ckpt: Path) -> None:
+    while not (ckpt / STATE_FILE).is_file():
+        if healthy.done():
+            healthy.result()  # raises if the healthy run failed
+            raise AssertionError(f"the healthy run finished without writing {ckpt}")
+        time.sleep(1.0)
+
+
+def _sabotaged(variant: str, root: Path, healthy: Future[tuple[Records, float]]) -> tuple[Records, float]:
+    ckpt = checkpoint_dir(root / "none", RESUME_AT)
+    _wait_for_checkpoint(healthy, ckpt)
+    run_dir = root / variant
+    shutil.copytree(ckpt, checkpoint_dir(run_dir, RESUME_AT))  # its backend_path still names the original
+    return _run(variant, run_dir, root / f"{variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
+    """Every variant's per-step records (the sabotaged ones from ``RESUME_AT + 1`` on)."""
+    root = tmp_path_factory.mktemp("learning")
+    with ThreadPoolExecutor(max_workers=LEARNING_JOBS) as pool:
+        healthy = pool.submit(
+            _run, "none", root / "none", root / "none.log",
+            f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
+        )
+        futures = {"none": healthy, **{s: pool.submit(_sabotaged, s, root, healthy) for s in SABOTAGES}}
+        results = {variant: f.result() for variant, f in futures.items()}
+    for variant, (records, wall) in results.items():
+        print(f"{variant}: {len(records)} steps in {wall:.0f} s, final {window_mean(records, STEPS):.3f}")
+    return {variant: records for variant, (records, _) in results.items()}
 
 
 @pytest.mark.slow
-def test_default_task_learns_far_above_baseline(tmp_path: Path) -> None:
-    records = _train(tmp_path)
-    assert len(records) == STEPS
-    baseline = _mean([r["reward/mean"] for r in records[:WINDOW]])
-    final = _final(records)
+def test_default_task_learns_far_above_baseline(runs: dict[str, Records]) -> None:
+    records = runs["none"]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    baseline = window_mean(records, WINDOW)
+    final = window_mean(records, STEPS)
     print(f"baseline {baseline:.3f} -> final {final:.3f}")
     assert baseline < 0.05
-    assert final >= 0.6 and final - baseline >= 0.5
+    assert final >= 0.8 and final - baseline >= 0.7
     gaps = [r["train/logprob_diff_max"] for r in records if not math.isnan(r["train/logprob_diff_max"] or math.nan)]
     assert gaps and max(gaps) < 1e-3  # sampler and trainer agree: same weights, same temperature
 
 
-def _negate_advantages(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    real = loop.compute_group_advantages
-
-    def negated(*args: Any, **kwargs: Any) -> Any:
-        stats = real(*args, **kwargs)
-        stats.advantages = {k: -v for k, v in stats.advantages.items()}
-        return stats
-
-    monkeypatch.setattr(loop, "compute_group_advantages", negated)
-    return []
-
-
-def _shift_mask(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The loss mask one token late: the first generated token is never trained."""
-    real = loop.trace_to_datum
-
-    def shifted(record: Any, advantage: float) -> Any:
-        datum = real(record, advantage)
-        if datum is None:
-            return None
-        weights = [0.0, *datum.weights[:-1]]
-        return replace(datum, weights=weights, advantages=[advantage * w for w in weights])
-
-    monkeypatch.setattr(loop, "trace_to_datum", shifted)
-    return []
-
-
-def _mismatched_logprobs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Sampler logprobs at T=1, trainer logprobs at T=0.7: ratios far from 1, clipped away."""
-    return ["+algorithm.loss_config.temperature=0.7"]
-
-
-def _no_weight_sync(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The sampler keeps serving the initial weights."""
-    from tracerl_local.backend import LocalBackend
-
-    async def stale(self: Any) -> Any:
-        return self.sampler
-
-    monkeypatch.setattr(LocalBackend, "sync_sampler", stale)
-    return []
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sabotage", [_negate_advantages, _shift_mask, _mismatched_logprobs, _no_weight_sync],
-    ids=["negated-advantages", "shifted-mask", "mismatched-logprobs", "no-weight-sync"],
-)
-def test_sabotaged_variants_do_not_learn(
-    sabotage: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    overrides = sabotage(monkeypatch)
-    records = _train(tmp_path, *overrides)
-    final = _final(records)
-    print(f"{sabotage.__name__}: final {final:.3f}")
+@pytest.mark.parametrize("sabotage", SABOTAGES)
+def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]) -> None:
+    records = runs[sabotage]
+    assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed, not restarted
+    start, healthy = window_mean(runs["none"], RESUME_AT), window_mean(runs["none"], STEPS)
+    final = window_mean(records, STEPS)
+    print(f"{sabotage}: {final:.3f} at step {STEPS}; healthy run {start:.3f} at {RESUME_AT} -> {healthy:.3f}")
+    # The comparison means something only if the shared start had not learned yet
+    # and the healthy run learned from it within the same horizon.
+    assert start < 0.05 and healthy >= 0.8
     assert final < 0.3
+
+
+def test_runner_refuses_an_unknown_sabotage(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "flipped-rewards", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "unknown sabotage 'flipped-rewards'" in proc.stderr
+
+
+def test_window_mean_reads_the_steps_it_names() -> None:
+    records = [{"step": i, "reward/mean": float(i)} for i in range(1, 31)]
+    assert window_mean(records, 30) == _mean([float(i) for i in range(21, 31)])
+    assert window_mean(records, 15) == _mean([float(i) for i in range(6, 16)])
+    assert window_mean(records[10:], 30) == window_mean(records, 30)  # a resumed run's records

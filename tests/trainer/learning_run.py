@@ -1,0 +1,118 @@
+"""One run of the learning test, healthy or with one thing broken, in its own process.
+
+    python tests/trainer/learning_run.py SABOTAGE RUN_DIR [HYDRA_OVERRIDES...]
+
+SABOTAGE is ``none`` or one of ``SABOTAGES``. Each sabotage breaks one thing
+a silent bug could break, by patching the real code path (the loop turns
+rollouts into datums with ``core.trainer.signal.build_signal``) in this process
+only (so test_learning.py can run several variants at once, each in its own
+process): the advantage sign, the loss mask, the logprobs the ratio is
+computed against, or the weight sync. Metrics go to ``RUN_DIR/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import core.trainer.signal as signal
+from core.plugins import load_plugins
+from core.testing.fakes import compose
+from core.trainer.loop import Trainer
+
+
+def _original(owner: Any, name: str) -> Any:
+    """``owner.name``; fail loudly if the code path a sabotage breaks has moved."""
+    if not hasattr(owner, name):
+        raise SystemExit(
+            f"sabotage cannot patch {getattr(owner, '__name__', owner)}.{name}: it no longer exists; "
+            "update tests/trainer/learning_run.py to break the code path that replaced it"
+        )
+    return getattr(owner, name)
+
+
+def _patch(owner: Any, name: str, new: Any) -> None:
+    _original(owner, name)
+    setattr(owner, name, new)
+
+
+def _negate_advantages() -> list[str]:
+    """Every advantage's sign flipped: the policy is pushed away from what scored well."""
+    real = _original(signal, "compute_group_advantages")
+
+    def negated(*args: Any, **kwargs: Any) -> Any:
+        stats = real(*args, **kwargs)
+        stats.advantages = {k: -v for k, v in stats.advantages.items()}
+        return stats
+
+    _patch(signal, "compute_group_advantages", negated)
+    return []
+
+
+def _shift_mask() -> list[str]:
+    """The loss mask one token late: the first generated token is never trained."""
+    real = _original(signal, "trace_to_datum")
+
+    def shifted(record: Any, advantage: float) -> Any:
+        datum = real(record, advantage)
+        if datum is None:
+            return None
+        weights = [0.0, *datum.weights[:-1]]
+        return replace(datum, weights=weights, advantages=[advantage * w for w in weights])
+
+    _patch(signal, "trace_to_datum", shifted)
+    return []
+
+
+def _mismatched_logprobs() -> list[str]:
+    """Sampler logprobs at T=1, trainer logprobs at T=0.7: ratios far from 1, clipped away."""
+    return ["+algorithm.loss_config.temperature=0.7"]
+
+
+def _no_weight_sync() -> list[str]:
+    """The sampler keeps serving the initial weights."""
+    from tracerl_local.backend import LocalBackend
+
+    async def stale(self: Any) -> Any:
+        return self.sampler
+
+    _patch(LocalBackend, "sync_sampler", stale)
+    return []
+
+
+SABOTAGES: dict[str, Callable[[], list[str]]] = {
+    "negated-advantages": _negate_advantages,
+    "shifted-mask": _shift_mask,
+    "mismatched-logprobs": _mismatched_logprobs,
+    "no-weight-sync": _no_weight_sync,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    sabotage, run_dir, *overrides = argv
+    if sabotage != "none" and sabotage not in SABOTAGES:
+        print(f"unknown sabotage {sabotage!r}; use none or one of {sorted(SABOTAGES)}", file=sys.stderr)
+        return 2
+    extra = SABOTAGES[sabotage]() if sabotage != "none" else []
+    plugins = load_plugins()
+    cfg = compose(
+        [
+            f"run_dir={run_dir}",
+            "trainer.progress=false",
+            "trainer.loggers=[jsonl]",
+            *overrides,
+            *extra,
+        ],
+        plugins,
+    )
+    return asyncio.run(Trainer(cfg, plugins).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
