@@ -11,6 +11,11 @@ before it becomes the default.
     python benchmarks/seeds.py                        # seeds 0..9, one at a time
     python benchmarks/seeds.py --jobs 2               # two processes at once (each 1 torch thread)
     python benchmarks/seeds.py --seeds 2 5 -- trainer.max_steps=400 algorithm.learning_rate=5e-4
+    python benchmarks/seeds.py --jobs 2 --stop-after 10   # end each run 10 steps after it reached 0.8
+
+With ``--stop-after K`` a run is ended K steps after it reached the target
+(its final reward is then the trailing mean at that point, and ``steps`` says
+where it stopped); a run that never reaches it still runs its whole budget.
 
 Exit status 0 when every seed reached the target, 1 otherwise.
 """
@@ -66,24 +71,41 @@ def read_rewards(metrics: Path) -> list[float]:
         return []
     rewards = []
     for line in metrics.read_text().splitlines():
-        record = json.loads(line)
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a run still writing
+            break
         value = record.get("reward/mean")
         if value is not None:
             rewards.append(float(value))
     return rewards
 
 
-def run_seed(seed: int, out: Path, overrides: list[str], *, target: float, window: int) -> SeedResult:
+def run_seed(
+    seed: int, out: Path, overrides: list[str], *, target: float, window: int, stop_after: int | None = None
+) -> SeedResult:
     run_dir = out / f"seed{seed}"
     cmd = [
         sys.executable, "-m", "core.train", f"seed={seed}", f"run_dir={run_dir}",
         "trainer.progress=false", "trainer.loggers=[jsonl]", *overrides,
     ]
     start = time.perf_counter()
+    stop_at: int | None = None  # steps kept when the run was ended early
     with open(out / f"seed{seed}.log", "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            time.sleep(2.0)
+            if stop_after is None:
+                continue
+            so_far = read_rewards(run_dir / "metrics.jsonl")
+            reached = summarise(seed, so_far, target=target, window=window, wall_s=0, rc=0).reached_step
+            if reached is not None and len(so_far) >= reached + stop_after:
+                proc.terminate()  # the runtime's agent processes follow their parent
+                proc.wait()
+                stop_at = reached + stop_after
+        rc = 0 if stop_at is not None else proc.returncode
     wall = time.perf_counter() - start
-    rewards = read_rewards(run_dir / "metrics.jsonl")
+    rewards = read_rewards(run_dir / "metrics.jsonl")[:stop_at]
     return summarise(seed, rewards, target=target, window=window, wall_s=wall, rc=rc)
 
 
@@ -112,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--window", type=int, default=5, help="steps in the trailing mean")
     parser.add_argument("--out", type=Path, default=None, help="run directories (default: a temp dir)")
+    parser.add_argument(
+        "--stop-after", type=int, default=None, metavar="K",
+        help="end a run K steps after it reached the target (default: run the whole budget)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = parser.parse_args(argv)
@@ -123,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list[SeedResult] = []
 
     def one(seed: int) -> SeedResult:
-        result = run_seed(seed, out, list(args.overrides), target=args.target, window=args.window)
+        result = run_seed(
+            seed, out, list(args.overrides), target=args.target, window=args.window, stop_after=args.stop_after
+        )
         reached = result.reached_step if result.reached_step is not None else "never"
         print(f"seed {seed}: reached {reached}, final {result.final_reward:.3f}, {result.wall_s:.0f} s", flush=True)
         return result
