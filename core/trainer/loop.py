@@ -359,8 +359,12 @@ class Trainer:
             "train/logprob_diff_max": math.nan,
             "train/skipped": 1.0,
         }
-        # An entropy bonus (loss_config.entropy_coef) is a gradient without advantages.
-        if signal.has_signal or (datums and float(self.algo.loss_config.get("entropy_coef", 0.0)) > 0):
+        # An entropy bonus (loss_config.entropy_coef) is a gradient without advantages,
+        # and cross_entropy (supervised) ignores them.
+        needs_no_advantage = self.algo.loss == "cross_entropy" or (
+            float(self.algo.loss_config.get("entropy_coef", 0.0)) > 0
+        )
+        if signal.has_signal or (datums and needs_no_advantage):
             t0 = time.perf_counter()
             train_metrics.update(await self._train(datums))
             train_metrics["train/skipped"] = 0.0

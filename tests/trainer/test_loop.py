@@ -290,9 +290,14 @@ def test_a_step_without_signal_skips_the_update(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_an_entropy_bonus_still_trains_a_step_without_advantages(tmp_path: Path) -> None:
-    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=1", "+algorithm.loss_config.entropy_coef=0.01",
-                        agent="loop_agents:constant")
+@pytest.mark.parametrize(
+    "override", ["+algorithm.loss_config.entropy_coef=0.01", "algorithm.loss=cross_entropy"]
+)
+def test_a_loss_that_needs_no_advantage_still_trains_a_step_without_them(
+    tmp_path: Path, override: str
+) -> None:
+    """An entropy bonus is a gradient of its own; cross_entropy (supervised) ignores advantages."""
+    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=1", override, agent="loop_agents:constant")
     CREATED.clear()
     trainer = _train(cfg, plugins)
     backend = CREATED[-1]

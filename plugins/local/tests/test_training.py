@@ -241,6 +241,25 @@ def test_entropy_bonus_raises_entropy_and_is_reported(make_backend) -> None:
     run(go())
 
 
+def test_entropy_keeps_no_graph_unless_it_is_trained(make_backend) -> None:
+    """As a metric the entropy must not hold vocabulary-sized tensors in the autograd graph."""
+    backend = make_backend(seed=2)
+    prompt = chat_prompt(backend)
+
+    async def go() -> None:
+        sample = await backend.sampler.sample(
+            prompt, SamplingParams(max_tokens=4, seed=0), session_id="s"
+        )
+        datum = make_datum(prompt, sample, advantage=1.0)
+        pad = backend.get_tokenizer().pad_token_id
+        for coef, graph in ((0.0, False), (0.1, True)):
+            settings = parse_loss_config("ppo", {"entropy_coef": coef})
+            logp, entropy = trainer_logprobs_and_entropy(backend.model, [datum], settings, pad, "cache")
+            assert logp.requires_grad and entropy.requires_grad is graph, coef
+
+    run(go())
+
+
 def test_entropy_coef_must_be_non_negative() -> None:
     with pytest.raises(ConfigError, match="entropy_coef must be >= 0"):
         parse_loss_config("ppo", {"entropy_coef": -0.1})

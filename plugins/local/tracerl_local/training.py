@@ -63,7 +63,9 @@ def trainer_logprobs_and_entropy(
     cache_arg: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``trainer_logprobs`` and the ``(B, L)`` entropy of each position's sampling
-    distribution (both with gradient; padding positions are 0)."""
+    distribution (padding positions are 0). The entropy carries gradient only with
+    ``settings.entropy_coef``: as a plain metric it would keep two vocabulary-sized
+    tensors per token alive in the autograd graph until ``backward``."""
     device = next(model.parameters()).device
     n, width = len(datums), max(len(d.model_input) for d in datums)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -87,7 +89,8 @@ def trainer_logprobs_and_entropy(
     )
     picked = lp.gather(-1, targets.reshape(-1, 1)).reshape(n, width)
     # Truncated tokens sit at about -1e4: exp() is exactly 0 there, so they add nothing.
-    entropy = -(lp.exp() * lp).sum(-1).reshape(n, width)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and bool(settings.entropy_coef)):
+        entropy = -(lp.exp() * lp).sum(-1).reshape(n, width)
     return picked * attn, entropy * attn
 
 
