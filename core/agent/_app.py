@@ -394,7 +394,7 @@ class AgentApp:
                         self._s3.put,
                         result,
                         s3=s3,
-                        session_id=context.session_id,
+                        key=result_key,
                         payload=payload,
                     )
                 )
@@ -415,7 +415,7 @@ class AgentApp:
                                 self._s3.put,
                                 error_result,
                                 s3=s3,
-                                session_id=context.session_id,
+                                key=result_key,
                                 payload=payload,
                             )
                         )

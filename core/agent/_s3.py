@@ -77,20 +77,22 @@ class S3ResultWriter:
         result: dict[str, Any],
         *,
         s3: dict[str, str],
-        session_id: str,
+        key: str,
         payload: dict[str, Any],
     ) -> str:
-        """Save ``result`` at ``s3://{s3_bucket}/{exp_id}/{input_id}/{session_id}.json``.
+        """Save ``result`` at ``s3://{s3_bucket}/{key}``.
+
+        ``key`` is the one ``result_key_for`` derived when the request arrived, not
+        one rebuilt from the handler's context afterwards: a handler that changes
+        ``context.session_id`` cannot steer its result onto a sibling rollout's key.
 
         Returns:
             The key written.
 
         Raises:
-            ValueError: the ids cannot form a key (see ``result_key_for``).
             TypeError: the result is not JSON-serializable.
             botocore.exceptions.ClientError: S3 refused the write.
         """
-        key = result_key_for(s3, session_id)
         body = dict(result)
         body.setdefault("status_code", 200)
         body.setdefault("stop_reason", "end_turn")

@@ -102,6 +102,17 @@ def test_a_result_under_a_key_the_agent_chose_is_refused(s3_endpoint: str) -> No
     assert json.loads(_get(s3_endpoint, "exp-rogue/g7/not-my-session.json")) == {"rewards": [1.0]}
 
 
+def test_a_handler_cannot_steer_its_result_onto_another_key(s3_endpoint: str) -> None:
+    """The app writes under the key it derived when the request arrived, whatever the
+    handler does to its context afterwards."""
+    req = make_request({"mode": "steer_key", "sibling": "sibling-session"}, timeout_s=10.0, group="g3")
+    (res,) = _run("tracerl_test_agents:app", s3_endpoint, "exp-steer", [req])
+    assert res.status is RolloutStatus.OK and res.reward == 1.0, res.error
+    assert json.loads(_get(s3_endpoint, f"exp-steer/g3/{req.session_id}.json"))["reward"] == 1.0
+    with pytest.raises(Exception, match="NoSuchKey|Not Found|404"):
+        _get(s3_endpoint, "exp-steer/g3/sibling-session.json")
+
+
 def test_the_stored_result_holds_no_session_key(s3_endpoint: str) -> None:
     """The saved object has the reward and the dataset row, not the api key (the session id)."""
     req = make_request({"mode": "quiet", "reward": 0.5, "row": "q1"}, group="g1")

@@ -38,6 +38,9 @@ async def handler(payload: dict, context: RequestContext) -> dict:
                 "sampling": cfg.sampling_params,
             },
         }
+    if mode == "steer_key":  # tries to move its S3 result onto a sibling's key
+        context.session_id = payload["sibling"]
+        return {"reward": 1.0}
     if mode == "quiet":  # a reward and nothing the agent was given
         return {"reward": float(payload.get("reward", 1.0)), "metrics": {"turns": 1.0}}
     if mode == "raise":
