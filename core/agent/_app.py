@@ -216,9 +216,10 @@ class AgentApp:
             self._pool.shutdown()
 
     def ping_status(self) -> str:
-        """``Unhealthy`` when every handler thread is taken, ``HealthyBusy`` while any
-        invocation runs, else ``Healthy``."""
-        if self._pool.state().exhausted:
+        """``Unhealthy`` when every handler thread is taken and one of them by a
+        cancelled invocation (``PoolState.stuck``), ``HealthyBusy`` while any
+        invocation runs (a pool full of live work included), else ``Healthy``."""
+        if self._pool.state().stuck:
             return "Unhealthy"
         return "HealthyBusy" if self._live else "Healthy"
 
@@ -233,13 +234,13 @@ class AgentApp:
             "time_of_last_update": int(self._last_change),
             "threads": pool.as_dict(),
         }
-        if not pool.exhausted:
+        if not pool.stuck:
             return _JSON(body)
         # AgentCore's contract knows only Healthy/HealthyBusy; a 503 is what any health
         # checker (and tracerl's local runtime) reads as "this process cannot serve".
         body["reason"] = (
-            f"all {pool.max} handler threads are busy ({pool.abandoned} of them still running "
-            f"handlers whose invocation was cancelled); new sync invocations wait for a thread"
+            f"all {pool.max} handler threads are busy, {pool.abandoned} of them still running "
+            f"handlers whose invocation was cancelled; new sync invocations wait for a thread"
         )
         return _JSON(body, status_code=503)
 

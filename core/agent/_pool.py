@@ -47,6 +47,13 @@ class PoolState:
         """Every thread is busy: a new sync handler would wait for one."""
         return self.busy >= self.max
 
+    @property
+    def stuck(self) -> bool:
+        """Exhausted with at least one thread held by a cancelled invocation: the process
+        cannot serve until a handler that nobody waits for returns, which may be never.
+        A pool that is merely full of live work is busy, not stuck."""
+        return self.exhausted and self.abandoned > 0
+
     def as_dict(self) -> dict[str, int]:
         """The JSON form."""
         return {
