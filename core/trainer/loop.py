@@ -161,6 +161,13 @@ class Trainer:
                     "it, or choose a new run_dir (a fresh run there would mix its metrics and "
                     "checkpoints with the old ones)"
                 )
+            metrics = self.run_dir / "metrics.jsonl"
+            if metrics.exists() and metrics.stat().st_size > 0:
+                raise ConfigError(
+                    f"run_dir {self.run_dir} already holds {metrics.name} of an earlier run that "
+                    "saved no checkpoint; choose a new run_dir, or delete that file to start over "
+                    "there (a fresh run would append its steps to the old run's metrics)"
+                )
         self.train_rows, self.eval_rows = prepare_data(self.cfg, self.run_dir)
         self.order = DataOrder(size=len(self.train_rows), seed=int(self.cfg.seed))
 

@@ -374,6 +374,19 @@ def test_a_fresh_run_over_an_old_runs_checkpoints_is_refused(tmp_path: Path) -> 
     assert CREATED == []  # refused before building the backend
 
 
+def test_a_fresh_run_over_an_old_runs_metrics_is_refused(tmp_path: Path) -> None:
+    """A run that crashed before its first checkpoint left metrics: a fresh run there
+    would append to them and the report would mix the two runs."""
+    cfg, plugins = _cfg(tmp_path)
+    run_dir = Path(str(cfg.run_dir))
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    CREATED.clear()
+    with pytest.raises(ConfigError, match="already holds metrics.jsonl of an earlier run"):
+        asyncio.run(Trainer(cfg, plugins).run())
+    assert CREATED == []
+
+
 def test_a_second_run_into_a_run_dir_in_use_is_refused(tmp_path: Path) -> None:
     cfg, plugins = _cfg(tmp_path)
     run_dir = Path(str(cfg.run_dir))
