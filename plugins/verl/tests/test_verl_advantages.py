@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 from tracerl_verl.advantages import EPS, ESTIMATORS
 from tracerl_verl.rows import VerlRow, to_agent_loop_outputs
-from verl_fixtures import run_verl_advantage, verl_batch
+from verl_fixtures import compose_tracerl, run_verl_advantage, verl_batch, verl_main_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,6 +105,46 @@ def test_sample_std_is_verls_grpo_with_cores_epsilon() -> None:
         epsilon=EPS,
     )
     assert ours == pytest.approx([float(stock[k][0]) for k in range(3)], abs=1e-6)
+
+
+def test_the_std_switch_survives_verls_own_config_path() -> None:
+    """``algorithm.std`` as main_ppo delivers it: our translation, verl's Hydra config,
+    Ray's pickling and ``OmegaConf.resolve``, then the trainer's ``config.algorithm``.
+
+    verl 0.9.1 hands the estimator that ``DictConfig``, so ``tracerl_std`` /
+    ``tracerl_eps`` arrive. Its ``AlgoConfig`` dataclass would refuse them (it has
+    no extra-keys field), so if a verl release starts converting the node, this
+    fails loudly instead of ``sample`` silently becoming ``population``.
+    """
+    from omegaconf import DictConfig
+    from tracerl_verl.translate import LaunchPaths, verl_overrides
+    from verl.trainer.config import AlgoConfig
+    from verl.utils.config import omega_conf_to_dataclass
+
+    paths = LaunchPaths(
+        run_dir="/r", model="/m", train_file="/t", val_file="/v", agent_loop_yaml="/a"
+    )
+    groups = _lone_and_normal()[1:]  # one group, rewards 1.0, 0.0, 0.5
+    got = {}
+    for std in ("population", "sample"):
+        cfg = compose_tracerl(["backend=verl", f"algorithm.std={std}"])
+        algo = verl_main_config(verl_overrides(cfg, paths)).algorithm
+        assert isinstance(algo, DictConfig) and algo.tracerl_std == std
+        assert algo.adv_estimator == "tracerl_grpo" and float(algo.tracerl_eps) == EPS
+        data, keys = verl_batch(groups)
+        got[std] = _per_row(run_verl_advantage(data, keys, algo))
+    rewards = torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64)
+    for std, values in got.items():
+        spread = rewards.std(unbiased=std == "sample")
+        assert values == pytest.approx(
+            ((rewards - rewards.mean()) / (spread + EPS)).tolist(), abs=1e-6
+        )
+    # sample std is larger (n - 1): the same rewards give smaller advantages
+    assert abs(got["sample"][0]) < abs(got["population"][0]) - 0.1
+    with pytest.raises(Exception, match="tracerl_std"):
+        omega_conf_to_dataclass(algo, AlgoConfig)
+    with pytest.raises(Exception, match="tracerl_std"):
+        omega_conf_to_dataclass(algo)
 
 
 def test_constant_group_and_unnormalised_grpo() -> None:

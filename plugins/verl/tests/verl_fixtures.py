@@ -214,29 +214,32 @@ def verl_batch(sessions: list[tuple[str, list[Any]]]) -> tuple[Any, list[str]]:
     return data, keys
 
 
-def verl_algorithm_config(overrides: list[str]) -> Any:
-    """verl's ``algorithm`` node as main_ppo would see it after ``overrides`` (our translation).
+def verl_main_config(overrides: list[str]) -> Any:
+    """verl's whole trainer config as the v1 trainer holds it after ``overrides`` (our translation).
 
-    verl's own defaults for the keys its advantage code reads, then every
-    ``algorithm.*`` / ``+algorithm.*`` override of ``verl_overrides`` (rollout
-    correction left out: it is not read by the advantage estimators).
+    The path of ``python -m verl.trainer.main_ppo``: Hydra composes verl's own
+    ``ppo_trainer`` with the overrides (``@hydra.main`` in main_ppo), Ray pickles
+    the config to ``TaskRunnerV1``, whose ``run`` calls ``OmegaConf.resolve``
+    and gives it to the trainer; ``trainer_base._compute_advantage`` then passes
+    ``self.config.algorithm`` to the advantage call. Nothing converts it to
+    verl's ``AlgoConfig`` dataclass on that path (verl 0.9.1).
     """
-    algo = OmegaConf.create(
-        {
-            "gamma": 1.0,
-            "lam": 1.0,
-            "adv_estimator": "gae",
-            "norm_adv_by_std_in_grpo": True,
-            "use_pf_ppo": False,
-        }
-    )
-    for item in overrides:
-        key, _, value = item.lstrip("+").partition("=")
-        if key.startswith("algorithm.") and not key.startswith("algorithm.rollout_correction"):
-            OmegaConf.update(
-                algo, key.removeprefix("algorithm."), OmegaConf.create(f"v: {value}").v
-            )
-    return algo
+    import pickle
+
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        config = compose("ppo_trainer", overrides=overrides)
+    config = pickle.loads(pickle.dumps(config))  # what Ray ships to TaskRunnerV1
+    OmegaConf.resolve(config)
+    return config
+
+
+def verl_algorithm_config(overrides: list[str]) -> Any:
+    """verl's ``algorithm`` node as its advantage code receives it after ``overrides``."""
+    return verl_main_config(overrides).algorithm
 
 
 def run_verl_advantage(data: Any, keys: list[str], algo: Any, n: int = 3) -> Any:
