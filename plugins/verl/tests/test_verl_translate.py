@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from tracerl_verl.data import verl_rows
 from tracerl_verl.translate import LaunchPaths, verl_command, verl_env, verl_overrides
-from verl_fixtures import compose_tracerl
+from verl_fixtures import compose_tracerl, verl_main_config
 
 from core.errors import ConfigError
 
@@ -59,6 +59,37 @@ def test_tracerl_settings_map_to_verl_keys() -> None:
     assert o["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == "/d/a.yaml"
     assert o["trainer.default_local_dir"] == "/runs/r1/verl_checkpoints"
     assert "trainer.device" not in o
+    # core's empty loss_config: PPO's own 0.2/0.2, no entropy bonus, one token mean
+    assert o["actor_rollout_ref.actor.clip_ratio_low"] == "0.2"
+    assert o["actor_rollout_ref.actor.clip_ratio_high"] == "0.2"
+    assert o["actor_rollout_ref.actor.entropy_coeff"] == "0.0"
+    assert o["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
+
+
+@pytest.mark.parametrize(
+    ("loss_config", "low", "high"),
+    [
+        ("{clip_low:0.1,clip_high:0.28,entropy_coef:0.01}", 0.1, 0.28),
+        ("{clip_low_threshold:0.8,clip_high_threshold:1.3}", 0.2, 0.3),
+        ("{clip_high:0.3,top_k:-1,top_p:1.0,temperature:0.7}", 0.2, 0.3),
+    ],
+)
+def test_loss_config_reaches_verls_actor(loss_config: str, low: float, high: float) -> None:
+    """The translated keys exist in verl's own config and hold core's values there."""
+    cfg = compose_tracerl(
+        ["backend=verl", f"++algorithm.loss_config={loss_config}", "algorithm.temperature=0.7"]
+    )
+    actor = verl_main_config(verl_overrides(cfg, PATHS)).actor_rollout_ref.actor
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == pytest.approx((low, high))
+    assert actor.entropy_coeff == pytest.approx(0.01 if "entropy" in loss_config else 0.0)
+    assert actor.loss_agg_mode == "token-mean"
+
+
+def test_an_explicit_verl_loss_aggregation_replaces_the_token_mean() -> None:
+    cfg = compose_tracerl(["backend=verl", "backend.loss_agg_mode=seq-mean-token-sum"])
+    assert _as_dict(verl_overrides(cfg, PATHS))["actor_rollout_ref.actor.loss_agg_mode"] == (
+        "seq-mean-token-sum"
+    )
 
 
 def test_raw_overrides_come_last_and_env_reaches_ray_workers() -> None:
@@ -110,6 +141,22 @@ def test_cpu_mode_adds_the_test_only_shims() -> None:
         ("algorithm.std=median", "algorithm.std"),
         ("backend.trainer_mode=fast", "trainer_mode"),
         ("backend.device=tpu", "backend.device"),
+        ("++algorithm.loss_config={kl_coef:0.1}", r"\['kl_coef'\] have no verl equivalent"),
+        ("++algorithm.loss_config={top_k:5}", "loss_config.top_k=5.0: verl's actor does not apply"),
+        (
+            "++algorithm.loss_config={top_p:0.9}",
+            "loss_config.top_p=0.9: verl's actor does not apply",
+        ),
+        ("++algorithm.loss_config={temperature:0.5}", "differs from algorithm.temperature=1.0"),
+        ("++algorithm.loss_config={entropy_coef:-0.1}", "entropy_coef=-0.1 must be >= 0"),
+        ("++algorithm.loss_config={clip_low:1.5}", "clip_low must be in"),
+        ("++algorithm.loss_config={clip_high_threshold:0.9}", "clip_high >= 0"),
+        (
+            "++algorithm.loss_config={clip_low:0.1,clip_low_threshold:0.8}",
+            "both clip_low and clip_low_threshold",
+        ),
+        ("algorithm.token_mean_over=trained", "token_mean_over='trained' has no verl equivalent"),
+        ("backend.loss_agg_mode=mean", "backend.loss_agg_mode='mean'"),
     ],
 )
 def test_untranslatable_settings_say_what_to_do(override: str, message: str) -> None:

@@ -50,9 +50,11 @@ class VerlBackendConfig:
     longer rows are cut at this length and counted in ``tracerl/truncated_rows``."""
     micro_batch_size_per_gpu: int = 4
     """Rows per forward/backward micro-batch on one GPU."""
-    loss_agg_mode: str = "seq-mean-token-sum"
-    """verl loss aggregation; the sequence-level mean keeps a rollout that forked into many
-    rows from outweighing its group (ART's choice for variable rows)."""
+    loss_agg_mode: str = ""
+    """verl loss aggregation (``actor.loss_agg_mode``). Empty: ``token-mean``, core's
+    ``algorithm.token_mean_over=batch`` (one mean over every generated token of the batch,
+    each token of a forked rollout weighing as much as any other). A value here
+    (``seq-mean-token-sum``, ``seq-mean-token-mean``, ...) replaces core's token mean."""
     use_kl_loss: bool = False
     """Add a KL penalty to a reference model (needs a reference worker)."""
     kl_loss_coef: float = 0.001

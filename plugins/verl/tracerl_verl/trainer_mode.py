@@ -9,8 +9,10 @@ sub-agents). verl's sync trainer splits a batch into mini-batches of
 multiple of that, so more rows would mean more optimizer steps (and padding
 rows). Here the whole batch, padded only to the data-parallel size, is one
 mini-batch: ``ppo_epochs`` optimizer steps per batch, as in tracerl's own
-loop. The loss is aggregated per sequence (``seq-mean-token-sum`` by
-default), so a forked rollout adds rows, not weight per token.
+loop. With verl's ``token-mean`` (the default, core's
+``token_mean_over=batch``) the loss is then one mean over every generated
+token of the batch, as in core: a forked rollout adds tokens, each weighing
+as much as any other.
 
 The override swaps two settings of the driver's config copy for the length
 of one call (verl reads them there); nothing else of verl changes. Asserted

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from core.backends_common import CLIP_DEFAULTS, NEUTRAL_SETTINGS
 from core.errors import ConfigError
 from tracerl_verl.advantages import EPS, ESTIMATORS, STD_KINDS
 
@@ -32,6 +33,25 @@ TRAINER_MODES = {
 }
 """``backend.trainer_mode`` -> verl ``trainer.v1.trainer_mode``. Sync uses ours (one optimizer
 step per batch whatever the rows per rollout); the async modes are verl's own."""
+
+
+LOSS_AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+"""verl 0.9.1's ``actor.loss_agg_mode`` values (``core_algos.agg_loss``)."""
+
+LOSS_CONFIG_KEYS = (
+    "clip_low",
+    "clip_high",
+    "clip_low_threshold",
+    "clip_high_threshold",
+    *NEUTRAL_SETTINGS,
+)
+"""``algorithm.loss_config`` keys the verl backend maps or checks; any other is refused."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +134,6 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
             "estimator compares the rollouts of one prompt, and a group of one has no baseline "
             "(its advantage is 0, nothing would train); set trainer.group_size >= 2"
         )
-    clip = dict(a.loss_config or {})
     eval_t = float(a.eval_temperature)
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
@@ -158,9 +177,7 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
         f"{actor}.optim.betas=[{float(a.beta1)},{float(a.beta2)}]",
         f"{actor}.optim.clip_grad={float(a.grad_clip_norm)}",
         f"{actor}.grad_clip={float(a.grad_clip_norm)}",
-        f"{actor}.clip_ratio_low={float(clip.get('clip_low', 0.2))}",
-        f"{actor}.clip_ratio_high={float(clip.get('clip_high', 0.2))}",
-        f"{actor}.loss_agg_mode={b.loss_agg_mode}",
+        *loss_overrides(a, b),
         # one optimizer step per batch (see tracerl_verl.trainer_mode)
         f"{actor}.ppo_mini_batch_size={int(t.batch_size)}",
         f"{actor}.ppo_micro_batch_size_per_gpu={micro}",
@@ -188,6 +205,99 @@ def verl_overrides(cfg: Any, paths: LaunchPaths) -> list[str]:
     out.append(_env_dict_override(verl_env(cfg)))
     out += [str(x) for x in b.overrides]
     return out
+
+
+def loss_overrides(algorithm: Any, backend: Any) -> list[str]:
+    """verl actor keys for ``algorithm.loss_config`` and the token mean; refuses what verl lacks.
+
+    - ``clip_low`` / ``clip_high`` (core's PPO epsilons, 0.2 / 0.2 when absent,
+      ``CLIP_DEFAULTS``) -> ``actor.clip_ratio_low`` / ``clip_ratio_high`` (verl's
+      epsilons too); the ratio bounds ``clip_low_threshold`` / ``clip_high_threshold``
+      are converted to epsilons;
+    - ``entropy_coef`` (>= 0, a bonus) -> ``actor.entropy_coeff`` (verl subtracts
+      ``entropy_coeff *`` the entropy, aggregated like the loss);
+    - ``temperature``: verl's actor tempers its logprobs with ``rollout.temperature``,
+      which is ``algorithm.temperature``; a different value is refused;
+    - ``top_k`` / ``top_p`` other than off: refused (verl's actor does not apply them);
+    - ``algorithm.token_mean_over=batch`` -> ``loss_agg_mode=token-mean`` (verl divides by
+      every response token of the mini-batch, which ``tracerl_sync`` makes the whole
+      batch) unless ``backend.loss_agg_mode`` names verl's aggregation explicitly;
+      ``trained`` (only tokens that carry an advantage) has no verl equivalent.
+
+    Raises:
+        ConfigError: an unknown key, a bad value, or a setting verl would silently ignore.
+    """
+    given: dict[str, float] = {}
+    for key, value in dict(algorithm.loss_config or {}).items():
+        try:
+            given[str(key)] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"algorithm.loss_config.{key}={value!r} is not a number") from None
+    unknown = sorted(set(given) - set(LOSS_CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"algorithm.loss_config keys {unknown} have no verl equivalent; known keys: "
+            f"{sorted(LOSS_CONFIG_KEYS)}. Pass raw verl keys with "
+            "backend.overrides=[actor_rollout_ref.actor.<key>=...]"
+        )
+    temperature = float(algorithm.temperature)
+    if given.get("temperature", temperature) != temperature:
+        raise ConfigError(
+            f"algorithm.loss_config.temperature={given['temperature']!r} differs from "
+            f"algorithm.temperature={temperature!r}: verl samples and trains at one temperature "
+            "(actor_rollout_ref.rollout.temperature); remove loss_config.temperature"
+        )
+    for key in ("top_k", "top_p"):
+        if key in given and given[key] != NEUTRAL_SETTINGS[key]:
+            raise ConfigError(
+                f"algorithm.loss_config.{key}={given[key]!r}: verl's actor does not apply {key} to "
+                "its logprobs, so the ratio would not account for it; remove it (verl's sampling "
+                f"{key} is backend.overrides=[actor_rollout_ref.rollout.{key}=...], untracked by the loss)"
+            )
+    eps = dict(CLIP_DEFAULTS["ppo"])
+    for side in ("low", "high"):
+        eps_key, bound_key = f"clip_{side}", f"clip_{side}_threshold"
+        if eps_key in given and bound_key in given:
+            raise ConfigError(
+                f"algorithm.loss_config sets both {eps_key} and {bound_key}; keep one "
+                f"({eps_key} is the distance from ratio 1, {bound_key} the ratio bound itself)"
+            )
+        if eps_key in given:
+            eps[eps_key] = given[eps_key]
+        elif bound_key in given:
+            bound = given[bound_key]
+            eps[eps_key] = round(1.0 - bound if side == "low" else bound - 1.0, 12)
+    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
+        raise ConfigError(
+            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
+            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
+        )
+    entropy = given.get("entropy_coef", NEUTRAL_SETTINGS["entropy_coef"])
+    if entropy < 0:
+        raise ConfigError(
+            f"algorithm.loss_config.entropy_coef={entropy!r} must be >= 0 (a bonus on entropy)"
+        )
+    mean_over = str(algorithm.get("token_mean_over", "batch"))
+    if mean_over != "batch":
+        raise ConfigError(
+            f"algorithm.token_mean_over={mean_over!r} has no verl equivalent: verl averages over "
+            "every response token of the mini-batch (loss_agg_mode=token-mean, what "
+            "token_mean_over=batch gives), or per sequence; set algorithm.token_mean_over=batch "
+            "(and backend.loss_agg_mode=... for verl's other aggregations)"
+        )
+    agg = str(backend.loss_agg_mode or "token-mean")
+    if agg not in LOSS_AGG_MODES:
+        raise ConfigError(
+            f"backend.loss_agg_mode={agg!r}; use one of {LOSS_AGG_MODES}, or leave it empty for "
+            "token-mean (algorithm.token_mean_over=batch)"
+        )
+    actor = "actor_rollout_ref.actor"
+    return [
+        f"{actor}.clip_ratio_low={float(eps['clip_low'])}",
+        f"{actor}.clip_ratio_high={float(eps['clip_high'])}",
+        f"{actor}.entropy_coeff={float(entropy)}",
+        f"{actor}.loss_agg_mode={agg}",
+    ]
 
 
 def cpu_overrides(cfg: Any) -> list[str]:
