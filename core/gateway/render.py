@@ -395,14 +395,19 @@ class ChatRenderer:
         Raises:
             TailUnsupported: the template does not render incrementally here.
             PromptTooLong: the continuation needs more than ``limit`` tokens.
-            TemplateRefused: the template raised on these messages.
+            TemplateRefused: the template raised on the tail itself.
         """
-        anchor_text, closer = self._anchor(tools)
         anchor = [
             {"role": "user", "content": _ANCHOR_USER},
             {"role": "assistant", "content": _ANCHOR_ASSISTANT},
         ]
-        full = self.render_text([*anchor, *tail], tools, add_generation_prompt=True)
+        try:
+            anchor_text, closer = self._anchor(tools)
+            full = self.render_text([*anchor, *tail], tools, add_generation_prompt=True)
+        except TemplateRefused as exc:
+            # The made-up anchor conversation may break a rule the real one keeps (a
+            # template that wants a system message first): the full render decides.
+            raise TailUnsupported(f"the template refuses the anchor conversation: {exc}") from exc
         if not full.startswith(anchor_text):
             raise TailUnsupported("the template renders the anchor differently when followed by more messages")
         if emitted_closer and closer.startswith(emitted_closer):

@@ -417,7 +417,7 @@ class Gateway:
             assert parent is not None
             tail = [m for node in path[gen + 1 :] for m in node.canon]
             tail += [m for u in req.units[k:] for m in u.canon()]
-            size = sum(len(m.get("content") or "") for m in tail)
+            size = sum(_message_chars(m) for m in tail)
             size += self.renderer.anchor_chars(req.tools, default=req.size)
             try:
                 delta = await self._render(
@@ -634,6 +634,18 @@ def _surrogate_field(units: Sequence[Unit], tools: list[dict[str, Any]] | None) 
             return ("system" if u.index < 0 else f"messages[{u.index}]") + where
     where = lone_surrogate(tools) if tools else None
     return "tools" + where if where is not None else "a message"
+
+
+def _message_chars(message: dict[str, Any]) -> int:
+    """Rough size of a canonical message's text: its content and its tool calls'
+    arguments (which a client can make as large as any content)."""
+    content = message.get("content") or ""
+    size = len(content) if isinstance(content, str) else len(str(content))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            size += len(str(function.get("arguments") or ""))
+    return size
 
 
 def _background_priority() -> None:

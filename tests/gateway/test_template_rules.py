@@ -1,0 +1,75 @@
+"""Templates with rules about the whole conversation still serve every turn.
+
+The gateway renders a continuation after a made-up two-message anchor
+conversation. A template that checks the whole conversation (here: a system
+message must come first, as some model templates insist) refuses that anchor
+even though it accepts the agent's real history; the gateway must then render
+the whole history, not answer 400 from turn 2 on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from core.gateway import Gateway, GatewayConfig
+from core.gateway.messages import openai_units
+from core.gateway.service import TurnRequest
+from core.samplers import ScriptedSampler, encode_reply
+from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer
+from core.types import SamplingParams
+
+SYSTEM_FIRST = (
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ raise_exception('the first message must be a system message') }}{% endif %}"
+    + CHATML_TOOLS_TEMPLATE
+)
+
+
+def test_a_template_that_refuses_the_anchor_still_serves_later_turns() -> None:
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320, chat_template=SYSTEM_FIRST)
+    replies = [encode_reply(tok, "first"), encode_reply(tok, "second")]
+    gw = Gateway(tokenizer=tok, sampler=ScriptedSampler(replies, tokenizer=tok), config=GatewayConfig())
+    sid = gw.create_session(sampling=SamplingParams(max_tokens=16))
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+    async def go() -> None:
+        first = await gw.run_turn(sid, TurnRequest(units=openai_units(history)))
+        history.append({"role": "assistant", "content": first.content})
+        history.append({"role": "user", "content": "again"})
+        await gw.run_turn(sid, TurnRequest(units=openai_units(history)))
+
+    asyncio.run(go())
+    rows = gw.finish_session(sid)
+    assert sum(len(r.turns) for r in rows) == 2
+    # The served prompt of turn 2 is the template's rendering of the real history.
+    expected = tok.apply_chat_template(history, tokenize=True, add_generation_prompt=True)
+    expected = list(getattr(expected, "input_ids", expected))
+    last = rows[-1]
+    assert last.token_ids[: len(expected)] == expected
+
+
+def test_large_tool_call_arguments_in_the_tail_render_off_the_event_loop() -> None:
+    """The size that sends a render to the worker threads counts tool-call arguments, which a
+    client can make as large as any message content."""
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
+    replies = [encode_reply(tok, "first"), encode_reply(tok, "second")]
+    gw = Gateway(
+        tokenizer=tok,
+        sampler=ScriptedSampler(replies, tokenizer=tok),
+        config=GatewayConfig(render_offload_chars=2000),
+    )
+    sid = gw.create_session(sampling=SamplingParams(max_tokens=16))
+    history = [{"role": "user", "content": "hi"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": "' + "y" * 3000 + '"}'}}
+
+    async def go() -> None:
+        first = await gw.run_turn(sid, TurnRequest(units=openai_units(history)))
+        history.append({"role": "assistant", "content": first.content})
+        history.append({"role": "user", "content": "call it"})
+        history.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        history.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+        assert gw._render_pool is None  # turn 1 rendered inline
+        await gw.run_turn(sid, TurnRequest(units=openai_units(history)))
+
+    asyncio.run(go())
+    assert gw._render_pool is not None
