@@ -29,8 +29,10 @@ class GatewayConfig:
     max_admin_body_bytes: int = 1_000_000
     """Largest admin request body accepted, session ``metadata`` included (413 beyond)."""
     body_read_timeout_s: float = 30.0
-    """Seconds a client may take to send its request body once it stalls; then 408 and
-    the connection is closed (a slow or idle client no longer holds it forever)."""
+    """Seconds a client may take to send the rest of its request body once the server
+    starts reading it (a total deadline, not an idle one: raise it for multi-MB bodies
+    over slow links); then 408 and the connection is closed, so a slow or idle client no
+    longer holds it forever. 0 means no limit."""
     header_read_timeout_s: float = 30.0
     """Seconds a connection may take to send a request's headers (from connecting, or from
     the request's first byte); then it is closed and a warning logged. 0 means no limit."""
@@ -53,3 +55,25 @@ class GatewayConfig:
     always be lowered and stop strings always added; each turn's params are recorded)."""
     admin_token: str = ""
     """Token the admin routes require; empty generates a random one at start."""
+
+    def __post_init__(self) -> None:
+        from core.errors import ConfigError
+
+        limits = {
+            "max_context_tokens": self.max_context_tokens,
+            "max_body_bytes": self.max_body_bytes,
+            "max_admin_body_bytes": self.max_admin_body_bytes,
+            "body_read_timeout_s": self.body_read_timeout_s,
+            "header_read_timeout_s": self.header_read_timeout_s,
+            "keep_alive_timeout_s": self.keep_alive_timeout_s,
+            "max_connections": self.max_connections,
+            "max_turns_per_session": self.max_turns_per_session,
+            "max_stop_strings": self.max_stop_strings,
+            "render_offload_chars": self.render_offload_chars,
+        }
+        negative = {k: v for k, v in limits.items() if v < 0}
+        if negative:
+            raise ConfigError(
+                f"gateway settings must not be negative, got {negative}; "
+                "use 0 where a setting documents 0 as 'no limit'"
+            )

@@ -242,6 +242,7 @@ class GatewayServer:
                 await self._task
         self._server = None
         self._task = None
+        self.gateway.close_render_threads()
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()

@@ -166,6 +166,14 @@ class Gateway:
         """The sampler new turns use."""
         return self._sampler
 
+    def close_render_threads(self) -> None:
+        """Stop the render threads (started on the first large render): queued renders
+        are cancelled and none is left running into interpreter exit. A later large
+        render starts them again."""
+        pool, self._render_pool = self._render_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
     def set_sampler(self, sampler: Sampler) -> None:
         """Rebind after a weight sync; turns already in flight finish on the old sampler."""
         self._sampler = _check_sampler(sampler)

@@ -1,4 +1,4 @@
-"""Templates with rules about the whole conversation still serve every turn.
+"""Templates with rules about the whole conversation still serve every turn; limits are sane.
 
 The gateway renders a continuation after a made-up two-message anchor
 conversation. A template that checks the whole conversation (here: a system
@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from core.errors import ConfigError
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
 from core.gateway.service import TurnRequest
@@ -73,3 +76,30 @@ def test_large_tool_call_arguments_in_the_tail_render_off_the_event_loop() -> No
 
     asyncio.run(go())
     assert gw._render_pool is not None
+
+
+@pytest.mark.parametrize("key", ["max_connections", "body_read_timeout_s", "max_turns_per_session"])
+def test_negative_limits_are_refused_by_name(key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        GatewayConfig(**{key: -1})
+
+
+def test_stopping_the_server_stops_the_render_threads() -> None:
+    from core.gateway import GatewayServer
+
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
+    gw = Gateway(
+        tokenizer=tok,
+        sampler=ScriptedSampler(default=encode_reply(tok, "ok"), tokenizer=tok),
+        config=GatewayConfig(render_offload_chars=0),
+    )
+
+    async def go() -> None:
+        async with GatewayServer(gw, host="127.0.0.1", port=0):
+            sid = gw.create_session(sampling=SamplingParams(max_tokens=4))
+            await gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "hi"}])))
+            assert gw._render_pool is not None
+            pool = gw._render_pool
+        assert gw._render_pool is None and pool._shutdown
+
+    asyncio.run(go())
