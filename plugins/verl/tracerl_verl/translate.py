@@ -1,6 +1,6 @@
 """tracerl's composed config -> the exact ``verl.trainer.main_ppo`` command.
 
-Defines ``LaunchPaths`` (files the launcher wrote), ``verl_overrides``,
+Defines ``LaunchPaths`` (files the launcher wrote), ``verl_overrides``, ``loss_overrides``,
 ``verl_env`` and ``verl_command``. Pure functions over the config: the dry
 run and the tests call them without starting anything. The mapping table is
 in docs/backends/verl.md; ``backend.overrides`` is appended last, so any raw
