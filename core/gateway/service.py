@@ -138,6 +138,8 @@ class Gateway:
             generation_config: The model's generation config (or a dict) whose
                 ``eos_token_id`` lists end-of-turn ids; None reads the
                 ``generation_config.json`` beside the tokenizer's files when there is one.
+                A sampler's own ``end_of_turn_ids`` (the local backend's, read from its
+                model) are added too, so the gateway knows every id the sampler stops on.
 
         Raises:
             ConfigError: bad history mode, unknown tool parser, a template whose
@@ -153,7 +155,9 @@ class Gateway:
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, Session] = {}
         self._render_pool: ThreadPoolExecutor | None = None
-        self.end_of_turn_ids: tuple[int, ...] = end_of_turn_ids(tokenizer, generation_config=generation_config)
+        own = end_of_turn_ids(tokenizer, generation_config=generation_config)
+        from_sampler = (int(i) for i in getattr(sampler, "end_of_turn_ids", None) or ())
+        self.end_of_turn_ids: tuple[int, ...] = tuple(dict.fromkeys((*own, *from_sampler)))
         """Token ids that end the model's turn; every turn is sampled with them as stop ids."""
         self._stop_ids: frozenset[int] = frozenset(self.end_of_turn_ids)
         self._reuse_matches = True

@@ -103,3 +103,18 @@ def test_stopping_the_server_stops_the_render_threads() -> None:
         assert gw._render_pool is None and pool._shutdown
 
     asyncio.run(go())
+
+
+def test_the_samplers_own_end_of_turn_ids_are_stop_ids_of_every_session() -> None:
+    """A backend that read its model's generation config (the local sampler) knows end-of-turn
+    ids the tokenizer's files may not list; the gateway must know them too."""
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
+    extra = tok.convert_tokens_to_ids("<|im_start|>")
+
+    class ModelAwareSampler(ScriptedSampler):
+        end_of_turn_ids = (extra,)
+
+    gw = Gateway(tokenizer=tok, sampler=ModelAwareSampler(tokenizer=tok), config=GatewayConfig())
+    assert extra in gw.end_of_turn_ids and tok.eos_token_id in gw.end_of_turn_ids
+    sid = gw.create_session(sampling=SamplingParams(max_tokens=4))
+    assert extra in gw.session(sid).sampling.stop_token_ids
