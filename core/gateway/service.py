@@ -474,6 +474,8 @@ class Gateway:
         params = self._params(s, req)
         prompt, parent, owned, path, k, mark = await self._build_prompt(s, req)
         try:
+            if s.closed:  # finished while a large prompt rendered in a worker thread
+                raise session_closed(f"session {_redact(sid)} was finished while this turn's prompt was rendered")
             if s.max_context_tokens:
                 room = s.max_context_tokens - len(prompt)
                 if room < 1:

@@ -118,3 +118,38 @@ def test_the_samplers_own_end_of_turn_ids_are_stop_ids_of_every_session() -> Non
     assert extra in gw.end_of_turn_ids and tok.eos_token_id in gw.end_of_turn_ids
     sid = gw.create_session(sampling=SamplingParams(max_tokens=4))
     assert extra in gw.session(sid).sampling.stop_token_ids
+
+
+def test_a_session_finished_while_its_prompt_renders_in_a_thread_samples_nothing() -> None:
+    import threading
+
+    from core.gateway.errors import GatewayError
+
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
+    sampler = ScriptedSampler(default=encode_reply(tok, "ok"), tokenizer=tok)
+    gw = Gateway(tokenizer=tok, sampler=sampler, config=GatewayConfig(render_offload_chars=0))
+    sid = gw.create_session(sampling=SamplingParams(max_tokens=4))
+    started, release = threading.Event(), threading.Event()
+    real = gw.renderer.render_prompt
+
+    def slow_render(*args: object, **kwargs: object) -> list[int]:
+        started.set()
+        release.wait(10)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    gw.renderer.render_prompt = slow_render  # type: ignore[method-assign]
+
+    async def go() -> None:
+        turn = asyncio.create_task(
+            gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "hi"}])))
+        )
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        gw.finish_session(sid)
+        release.set()
+        with pytest.raises(GatewayError) as info:
+            await turn
+        assert info.value.status == 409
+
+    asyncio.run(go())
+    assert sampler.calls == []
