@@ -73,7 +73,7 @@ def _exit_with_parent(pid: int) -> None:
         except ProcessLookupError:
             return True
         except PermissionError:  # alive, owned by someone else
-            pass
+            return False
         return False
 
     def watch() -> None:

@@ -669,7 +669,7 @@ def _background_priority() -> None:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
     except (AttributeError, OSError):  # not Linux, or not allowed: normal priority
-        pass
+        return
 
 
 def turn_seed(seed: int, turn: int) -> int:

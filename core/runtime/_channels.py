@@ -18,6 +18,7 @@ A channel returns the handler's output dict; mapping it to a reward is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -282,7 +283,7 @@ class S3Channel:
         if not inv.remote_id or inv.generation != inv.proc.generation:
             return
         op = InvocationOp("cancel", inv.remote_id)
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # the process may be gone already
             await self.client.post(
                 f"{inv.proc.base_url}/invocations",
                 content=json.dumps({ENVELOPE_KEY: op.to_envelope()}),
@@ -293,8 +294,6 @@ class S3Channel:
                 },
                 timeout=5.0,
             )
-        except httpx.HTTPError:
-            pass
 
     def close(self) -> None:
         """Release the polling threads."""

@@ -9,6 +9,7 @@ state cannot be read is skipped for the previous complete checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -45,9 +46,8 @@ def _fsync_dir(path: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -44,7 +44,8 @@ def test_clip_bounds_are_always_explicit(
 
 def test_defaults_agree_with_the_local_backend() -> None:
     """One CISPO/PPO default for every backend: the local backend's losses are the reference."""
-    losses = pytest.importorskip("tracerl_local.losses")
+    from tracerl_local import losses  # installed by `scripts/setup.sh test`, as every plugin
+
     for name, defaults in CLIP_DEFAULTS.items():
         settings = losses.parse_loss_config(name, {})
         assert (settings.clip_low, settings.clip_high) == (defaults["clip_low"], defaults["clip_high"])

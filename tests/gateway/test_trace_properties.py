@@ -23,6 +23,7 @@ Properties, per session:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -127,10 +128,8 @@ class Agent:
                 for _ in range(self.rnd.randint(0, 2)):
                     await asyncio.sleep(0)
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
             else:
                 await self._turn(self._next_request())
 

@@ -17,6 +17,7 @@ given with the official ``openai`` SDK and returns a reward. The payload's
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from openai import AsyncOpenAI
@@ -57,10 +58,9 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
             {"role": "user", "content": f"q{payload.get('n', 0)}"},
         ]
         if mode == "swallow":
-            try:
+            # The agent hides the failure (the gateway saw it) and claims a reward anyway.
+            with contextlib.suppress(Exception):
                 await _ask(client, model, messages)
-            except Exception:  # the agent hides the failure; the gateway saw it
-                pass
             return {"reward": 1.0}
         first = await _ask(client, model, messages)
         if mode == "crash":
