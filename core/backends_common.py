@@ -142,6 +142,110 @@ NEUTRAL_SETTINGS: dict[str, float] = {
 """Non-clip ``loss_config`` keys core knows, at the value that changes nothing."""
 
 
+LOSS_CONFIG_KEYS: tuple[str, ...] = ("clip_low", "clip_high", *CLIP_KEYS, *NEUTRAL_SETTINGS)
+"""Every ``algorithm.loss_config`` key core knows."""
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """``algorithm.loss_config`` checked once, the same way for every backend.
+
+    Each backend then maps these values to its own settings or refuses the ones it
+    cannot apply; what counts as a valid config is decided here, not per backend.
+    """
+
+    loss: str
+    """The loss (``algorithm.loss``)."""
+    clip_low: float
+    """Distance of the lower ratio bound from 1 (``CLIP_DEFAULTS`` when not given)."""
+    clip_high: float
+    """Distance of the upper ratio bound from 1."""
+    temperature: float
+    """Temperature the trainer's logprobs must be taken at."""
+    top_k: float
+    top_p: float
+    entropy_coef: float
+    """Entropy bonus (>= 0)."""
+
+    def changes(self, key: str) -> bool:
+        """True when ``key`` (a ``NEUTRAL_SETTINGS`` name) is away from its neutral value."""
+        return float(getattr(self, key)) != NEUTRAL_SETTINGS[key]
+
+
+def parse_loss_spec(
+    loss_fn: str,
+    loss_config: Mapping[str, Any] | None,
+    *,
+    backend: str,
+    hint: str,
+    temperature: float | None = None,
+) -> LossSpec:
+    """Check ``loss_config`` for ``loss_fn`` and resolve its clip range.
+
+    Args:
+        loss_fn: ``algorithm.loss``.
+        loss_config: ``algorithm.loss_config`` (core's loop adds ``temperature``).
+        backend: Backend name, for messages.
+        hint: What to do instead, appended to the unknown-key message.
+        temperature: ``algorithm.temperature`` for backends that sample and train at
+            one temperature; a different ``loss_config.temperature`` is then refused.
+
+    Raises:
+        ConfigError: a value that is not a number, an unknown key, both forms of one
+            clip bound, a bound out of range, or a negative entropy bonus.
+    """
+    given: dict[str, float] = {}
+    for key, value in dict(loss_config or {}).items():
+        try:
+            given[str(key)] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"algorithm.loss_config.{key}={value!r} is not a number") from None
+    unknown = sorted(set(given) - set(LOSS_CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"backend {backend!r}: algorithm.loss_config keys {unknown} have no {backend} "
+            f"equivalent; known keys: {sorted(LOSS_CONFIG_KEYS)}. {hint}"
+        )
+    if temperature is not None and given.get("temperature", temperature) != temperature:
+        raise ConfigError(
+            f"algorithm.loss_config.temperature={given['temperature']!r} differs from "
+            f"algorithm.temperature={temperature!r}: {backend} samples and trains at one "
+            "temperature; remove loss_config.temperature"
+        )
+    eps = dict(CLIP_DEFAULTS.get(loss_fn, CLIP_DEFAULTS["ppo"]))
+    for side in ("low", "high"):
+        eps_key, bound_key = f"clip_{side}", f"clip_{side}_threshold"
+        if eps_key in given and bound_key in given:
+            raise ConfigError(
+                f"algorithm.loss_config sets both {eps_key} and {bound_key}; keep one "
+                f"({eps_key} is the distance from ratio 1, {bound_key} the ratio bound itself)"
+            )
+        if eps_key in given:
+            eps[eps_key] = given[eps_key]
+        elif bound_key in given:
+            bound = given[bound_key]
+            eps[eps_key] = round(1.0 - bound if side == "low" else bound - 1.0, 12)
+    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
+        raise ConfigError(
+            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
+            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
+        )
+    spec = LossSpec(
+        loss=loss_fn,
+        clip_low=eps["clip_low"],
+        clip_high=eps["clip_high"],
+        temperature=given.get("temperature", 1.0 if temperature is None else temperature),
+        top_k=given.get("top_k", NEUTRAL_SETTINGS["top_k"]),
+        top_p=given.get("top_p", NEUTRAL_SETTINGS["top_p"]),
+        entropy_coef=given.get("entropy_coef", NEUTRAL_SETTINGS["entropy_coef"]),
+    )
+    if spec.entropy_coef < 0:
+        raise ConfigError(
+            f"algorithm.loss_config.entropy_coef={spec.entropy_coef!r} must be >= 0 (a bonus on entropy)"
+        )
+    return spec
+
+
 @dataclass(frozen=True)
 class RemoteLoss:
     """Core's ``loss_config`` as a remote service takes it."""
@@ -165,7 +269,8 @@ def remote_loss(
     Core (``algorithm.loss_config``) speaks PPO epsilons: the ratio is clipped
     to ``[1 - clip_low, 1 + clip_high]`` (defaults in ``CLIP_DEFAULTS``).
     Tinker and SageMaker take the bounds themselves as ``clip_low_threshold``
-    / ``clip_high_threshold``; keys already in that form pass through.
+    / ``clip_high_threshold``; keys already in that form are accepted and
+    range-checked like the epsilons (``parse_loss_spec``).
 
     Core's loop also puts ``temperature`` (``algorithm.temperature``) here.
     With a loss that divides trainer by sampler probabilities, the trainer
@@ -179,16 +284,11 @@ def remote_loss(
     Raises:
         ConfigError: naming the key, its value and what to do, before anything is sent.
     """
-    given = {str(k): float(v) for k, v in (loss_config or {}).items()}
-    known = {"clip_low", "clip_high", *CLIP_KEYS, *NEUTRAL_SETTINGS}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ConfigError(
-            f"backend {backend!r} does not understand algorithm.loss_config keys {unknown}; "
-            f"known keys: {sorted(known)} (see {docs}). Nothing was sent to the service."
-        )
+    spec = parse_loss_spec(
+        loss_fn, loss_config, backend=backend, hint=f"See {docs}. Nothing was sent to the service."
+    )
     uses_sampler = loss_fn in SAMPLER_LOGPROB_LOSSES
-    temperature = given.get("temperature", 1.0)
+    temperature = spec.temperature
     if uses_sampler and temperature != 1.0:
         if not forwards_temperature:
             raise ConfigError(
@@ -204,25 +304,17 @@ def remote_loss(
                 "so the training temperature must be > 0"
             )
     for key in ("top_k", "top_p", "entropy_coef"):
-        if key in given and given[key] != NEUTRAL_SETTINGS[key] and (
-            uses_sampler or key == "entropy_coef"
-        ):
+        if spec.changes(key) and (uses_sampler or key == "entropy_coef"):
             raise ConfigError(
-                f"backend {backend!r} cannot apply algorithm.loss_config.{key}={given[key]!r} in "
+                f"backend {backend!r} cannot apply algorithm.loss_config.{key}={getattr(spec, key)!r} in "
                 f"training (the service has no such setting); remove it or use the local backend. "
                 f"See {docs}. Nothing was sent to the service."
             )
     if loss_fn not in CLIPPED_LOSSES:
         return RemoteLoss(config={}, temperature=temperature if uses_sampler else 1.0)
-    eps = {**CLIP_DEFAULTS[loss_fn], **{k: v for k, v in given.items() if k in ("clip_low", "clip_high")}}
-    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
-        raise ConfigError(
-            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
-            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
-        )
     config = {
-        "clip_low_threshold": given.get("clip_low_threshold", 1.0 - eps["clip_low"]),
-        "clip_high_threshold": given.get("clip_high_threshold", 1.0 + eps["clip_high"]),
+        "clip_low_threshold": round(1.0 - spec.clip_low, 12),
+        "clip_high_threshold": round(1.0 + spec.clip_high, 12),
     }
     return RemoteLoss(config=config, temperature=temperature)
 

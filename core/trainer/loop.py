@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.algo.advantages import STD_KINDS
+from core.backends_common import parse_loss_spec
 from core.errors import ConfigError, RunAborted
 from core.gateway.config import GatewayConfig
 from core.trainer.checkpoint import (
@@ -101,6 +102,8 @@ def check_loss_config(loss: str, loss_config: Any) -> None:
     for key, value in config.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"algorithm.loss_config.{key!s} must be a number, got {value!r}")
+    # What every backend checks the same way (keys, clip ranges, entropy sign), before any rollout.
+    parse_loss_spec(loss, {str(k): v for k, v in config.items()}, backend="core", hint="See docs/architecture.md.")
     clips = sorted(str(k) for k in config if k in _CLIP_KEYS)
     if loss in _UNCLIPPED_LOSSES and clips:
         drop = " ".join(f"~algorithm.loss_config.{k}" for k in clips)

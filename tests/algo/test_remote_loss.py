@@ -107,3 +107,22 @@ def test_check_algorithm_sees_what_the_loop_sends() -> None:
     cfg.algorithm.loss = "dpo"
     with pytest.raises(ConfigError, match="dpo"):
         check_algorithm(cfg, backend="svc", forwards_temperature=False, docs="d")
+
+
+def test_one_parser_checks_loss_config_for_every_backend() -> None:
+    """``parse_loss_spec`` is what local, Tinker, SageMaker, verl, slime and the loop all call."""
+    from core.backends_common import parse_loss_spec
+
+    spec = parse_loss_spec("cispo", {"clip_high_threshold": 1.28}, backend="b", hint="h")
+    assert (spec.clip_low, spec.clip_high) == pytest.approx((1.0, 0.28))  # one-sided by default
+    assert not spec.changes("entropy_coef") and spec.temperature == 1.0
+    with pytest.raises(ConfigError, match=r"\['kl_coef'\] have no b equivalent.*h$"):
+        parse_loss_spec("ppo", {"kl_coef": 0.1}, backend="b", hint="h")
+    with pytest.raises(ConfigError, match="kl_coef=.x. is not a number"):
+        parse_loss_spec("ppo", {"kl_coef": "x"}, backend="b", hint="h")
+    with pytest.raises(ConfigError, match="differs from algorithm.temperature=0.7"):
+        parse_loss_spec("ppo", {"temperature": 1.0}, backend="b", hint="h", temperature=0.7)
+    with pytest.raises(ConfigError, match="both clip_high and clip_high_threshold"):
+        parse_loss_spec("ppo", {"clip_high": 0.2, "clip_high_threshold": 1.2}, backend="b", hint="h")
+    with pytest.raises(ConfigError, match="entropy_coef=-1.0 must be >= 0"):
+        parse_loss_spec("ppo", {"entropy_coef": -1}, backend="b", hint="h")

@@ -70,3 +70,11 @@ def test_loss_config_errors_name_the_problem() -> None:
     with pytest.raises(ConfigError, match=">= 0"):
         parse_loss_config("ppo", {"clip_low": -0.1})
     assert parse_loss_config("ppo", {"temperature": 0.7}).temperature == 0.7
+
+
+def test_clip_bounds_may_be_given_as_ratio_thresholds_as_on_every_backend() -> None:
+    settings = parse_loss_config("ppo", {"clip_low_threshold": 0.7, "clip_high_threshold": 1.28})
+    assert (settings.clip_low, settings.clip_high) == pytest.approx((0.3, 0.28))
+    with pytest.raises(ConfigError, match="both clip_low and clip_low_threshold"):
+        parse_loss_config("ppo", {"clip_low": 0.2, "clip_low_threshold": 0.8})
+    assert parse_loss_config("cispo", {}).clip_low == 1.0  # one-sided by default

@@ -261,6 +261,6 @@ def test_entropy_keeps_no_graph_unless_it_is_trained(make_backend) -> None:
 
 
 def test_entropy_coef_must_be_non_negative() -> None:
-    with pytest.raises(ConfigError, match="entropy_coef must be >= 0"):
+    with pytest.raises(ConfigError, match="entropy_coef=-0.1 must be >= 0"):
         parse_loss_config("ppo", {"entropy_coef": -0.1})
     assert parse_loss_config("cross_entropy", {"entropy_coef": 0.01}).entropy_coef == 0.01

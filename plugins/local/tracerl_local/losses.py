@@ -26,16 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from core.backends_common import CLIPPED_LOSSES, parse_loss_spec
 from core.errors import ConfigError
 
-_SAMPLING_KEYS = ("temperature", "top_k", "top_p")
-_COMMON_KEYS = (*_SAMPLING_KEYS, "entropy_coef")
-_CLIP_DEFAULTS: dict[str, dict[str, float]] = {
-    "cross_entropy": {},
-    "importance_sampling": {},
-    "ppo": {"clip_low": 0.2, "clip_high": 0.2},
-    "cispo": {"clip_low": 1.0, "clip_high": 0.2},
-}
+LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+"""Losses the local backend computes."""
 
 
 @dataclass(frozen=True)
@@ -57,39 +52,25 @@ def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> 
     Raises:
         ConfigError: unknown loss, unknown key, or a value out of range.
     """
-    if loss_fn not in _CLIP_DEFAULTS:
-        raise ConfigError(
-            f"unknown loss_fn {loss_fn!r}; the local backend knows {', '.join(_CLIP_DEFAULTS)}"
-        )
+    if loss_fn not in LOSSES:
+        raise ConfigError(f"unknown loss_fn {loss_fn!r}; the local backend knows {', '.join(LOSSES)}")
     given = dict(loss_config or {})
-    allowed = set(_CLIP_DEFAULTS[loss_fn]) | set(_COMMON_KEYS)
-    unknown = sorted(set(given) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"loss_config keys {unknown!r} are not understood by loss {loss_fn!r}; "
-            f"allowed keys: {sorted(allowed)}"
-        )
-    values = {**_CLIP_DEFAULTS[loss_fn], **given}
+    clips = sorted(str(k) for k in given if str(k).startswith("clip_"))
+    if clips and loss_fn not in CLIPPED_LOSSES:
+        raise ConfigError(f"loss_config keys {clips!r} are not understood by loss {loss_fn!r}: it clips nothing")
+    # Keys, numbers, clip bounds (epsilons or thresholds, per-loss defaults) as every backend checks them.
+    spec = parse_loss_spec(loss_fn, given, backend="local", hint="See docs/backends/local.md.")
     settings = LossSettings(
         name=loss_fn,
-        clip_low=float(values.get("clip_low", 0.2)),
-        clip_high=float(values.get("clip_high", 0.2)),
-        temperature=float(values.get("temperature", 1.0)),
-        top_k=int(values.get("top_k", -1)),
-        top_p=float(values.get("top_p", 1.0)),
-        entropy_coef=float(values.get("entropy_coef", 0.0)),
+        clip_low=spec.clip_low,
+        clip_high=spec.clip_high,
+        temperature=spec.temperature,
+        top_k=int(spec.top_k),
+        top_p=spec.top_p,
+        entropy_coef=spec.entropy_coef,
     )
-    if settings.clip_low < 0 or settings.clip_high < 0:
-        raise ConfigError(
-            f"clip_low and clip_high must be >= 0 (they are distances from ratio 1), "
-            f"got {settings.clip_low!r} and {settings.clip_high!r}"
-        )
     if settings.temperature < 0:
         raise ConfigError(f"loss_config temperature must be >= 0, got {settings.temperature!r}")
-    if settings.entropy_coef < 0:
-        raise ConfigError(
-            f"loss_config entropy_coef must be >= 0 (a bonus on entropy), got {settings.entropy_coef!r}"
-        )
     if not 0 < settings.top_p <= 1:
         raise ConfigError(f"loss_config top_p must be in (0, 1], got {settings.top_p!r}")
     return settings

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from core.backends_common import CLIP_DEFAULTS, NEUTRAL_SETTINGS
+from core.backends_common import parse_loss_spec
 from core.errors import ConfigError
 from tracerl_slime.rewards import STD_KINDS
 
@@ -117,43 +117,24 @@ def loss_flags(algorithm: Any) -> list[str]:
     Raises:
         ConfigError: an unknown key or a setting slime would silently ignore.
     """
-    loss = str(algorithm.loss)
-    given = {str(k): float(v) for k, v in dict(algorithm.loss_config or {}).items()}
-    known = {"clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold", *NEUTRAL_SETTINGS}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ConfigError(
-            f"algorithm.loss_config keys {unknown} have no slime equivalent; known keys: "
-            f"{sorted(known)} (raw slime flags go in backend.extra_args)"
-        )
-    temperature = given.get("temperature", float(algorithm.temperature))
-    if temperature != float(algorithm.temperature):
-        raise ConfigError(
-            f"algorithm.loss_config.temperature={temperature!r} differs from algorithm.temperature="
-            f"{float(algorithm.temperature)!r}: slime samples and trains at one temperature "
-            "(--rollout-temperature); remove loss_config.temperature"
-        )
+    spec = parse_loss_spec(
+        str(algorithm.loss),
+        algorithm.loss_config,
+        backend="slime",
+        hint="Raw slime flags go in backend.extra_args.",
+        temperature=float(algorithm.temperature),  # slime tempers with --rollout-temperature
+    )
     for key in ("top_k", "top_p"):
-        if key in given and given[key] != NEUTRAL_SETTINGS[key]:
+        if spec.changes(key):
             raise ConfigError(
-                f"algorithm.loss_config.{key}={given[key]!r}: slime's trainer does not apply {key} to "
-                "its logprobs; remove it (set slime's sampling with --rollout-top-p/--rollout-top-k "
-                "in backend.extra_args if you must, knowing the ratio will not account for it)"
+                f"algorithm.loss_config.{key}={getattr(spec, key)!r}: slime's trainer does not apply "
+                f"{key} to its logprobs; remove it (set slime's sampling with --rollout-top-p/"
+                "--rollout-top-k in backend.extra_args if you must, knowing the ratio will not "
+                "account for it)"
             )
-    eps = dict(CLIP_DEFAULTS.get(loss, CLIP_DEFAULTS["ppo"]))
-    eps.update({k: v for k, v in given.items() if k in ("clip_low", "clip_high")})
-    if "clip_low_threshold" in given:
-        eps["clip_low"] = round(1.0 - given["clip_low_threshold"], 12)
-    if "clip_high_threshold" in given:
-        eps["clip_high"] = round(given["clip_high_threshold"] - 1.0, 12)
-    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
-        raise ConfigError(
-            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
-            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
-        )
-    out = _flag("eps-clip", eps["clip_low"]) + _flag("eps-clip-high", eps["clip_high"])
-    if given.get("entropy_coef", 0.0):
-        out += _flag("entropy-coef", given["entropy_coef"])
+    out = _flag("eps-clip", spec.clip_low) + _flag("eps-clip-high", spec.clip_high)
+    if spec.entropy_coef:
+        out += _flag("entropy-coef", spec.entropy_coef)
     mean_over = str(algorithm.get("token_mean_over", "batch"))
     if mean_over == "batch":
         out.append("--calculate-per-token-loss")

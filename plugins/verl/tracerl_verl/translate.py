@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from core.backends_common import CLIP_DEFAULTS, NEUTRAL_SETTINGS
+from core.backends_common import parse_loss_spec
 from core.errors import ConfigError
 from tracerl_verl.advantages import EPS, ESTIMATORS, STD_KINDS
 
@@ -43,15 +43,6 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum-norm",
 )
 """verl 0.9.1's ``actor.loss_agg_mode`` values (``core_algos.agg_loss``)."""
-
-LOSS_CONFIG_KEYS = (
-    "clip_low",
-    "clip_high",
-    "clip_low_threshold",
-    "clip_high_threshold",
-    *NEUTRAL_SETTINGS,
-)
-"""``algorithm.loss_config`` keys the verl backend maps or checks; any other is refused."""
 
 
 @dataclass(frozen=True)
@@ -227,56 +218,21 @@ def loss_overrides(algorithm: Any, backend: Any) -> list[str]:
     Raises:
         ConfigError: an unknown key, a bad value, or a setting verl would silently ignore.
     """
-    given: dict[str, float] = {}
-    for key, value in dict(algorithm.loss_config or {}).items():
-        try:
-            given[str(key)] = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"algorithm.loss_config.{key}={value!r} is not a number") from None
-    unknown = sorted(set(given) - set(LOSS_CONFIG_KEYS))
-    if unknown:
-        raise ConfigError(
-            f"algorithm.loss_config keys {unknown} have no verl equivalent; known keys: "
-            f"{sorted(LOSS_CONFIG_KEYS)}. Pass raw verl keys with "
-            "backend.overrides=[actor_rollout_ref.actor.<key>=...]"
-        )
-    temperature = float(algorithm.temperature)
-    if given.get("temperature", temperature) != temperature:
-        raise ConfigError(
-            f"algorithm.loss_config.temperature={given['temperature']!r} differs from "
-            f"algorithm.temperature={temperature!r}: verl samples and trains at one temperature "
-            "(actor_rollout_ref.rollout.temperature); remove loss_config.temperature"
-        )
+    spec = parse_loss_spec(
+        "ppo",  # verl trains PPO-clip (translate refuses other losses)
+        algorithm.loss_config,
+        backend="verl",
+        hint="Pass raw verl keys with backend.overrides=[actor_rollout_ref.actor.<key>=...]",
+        temperature=float(algorithm.temperature),  # verl tempers with rollout.temperature
+    )
     for key in ("top_k", "top_p"):
-        if key in given and given[key] != NEUTRAL_SETTINGS[key]:
+        if spec.changes(key):
             raise ConfigError(
-                f"algorithm.loss_config.{key}={given[key]!r}: verl's actor does not apply {key} to "
-                "its logprobs, so the ratio would not account for it; remove it (verl's sampling "
-                f"{key} is backend.overrides=[actor_rollout_ref.rollout.{key}=...], untracked by the loss)"
+                f"algorithm.loss_config.{key}={getattr(spec, key)!r}: verl's actor does not apply "
+                f"{key} to its logprobs, so the ratio would not account for it; remove it (verl's "
+                f"sampling {key} is backend.overrides=[actor_rollout_ref.rollout.{key}=...], "
+                "untracked by the loss)"
             )
-    eps = dict(CLIP_DEFAULTS["ppo"])
-    for side in ("low", "high"):
-        eps_key, bound_key = f"clip_{side}", f"clip_{side}_threshold"
-        if eps_key in given and bound_key in given:
-            raise ConfigError(
-                f"algorithm.loss_config sets both {eps_key} and {bound_key}; keep one "
-                f"({eps_key} is the distance from ratio 1, {bound_key} the ratio bound itself)"
-            )
-        if eps_key in given:
-            eps[eps_key] = given[eps_key]
-        elif bound_key in given:
-            bound = given[bound_key]
-            eps[eps_key] = round(1.0 - bound if side == "low" else bound - 1.0, 12)
-    if not 0.0 <= eps["clip_low"] <= 1.0 or eps["clip_high"] < 0.0:
-        raise ConfigError(
-            f"algorithm.loss_config clip_low={eps['clip_low']!r}, clip_high={eps['clip_high']!r}: "
-            "clip_low must be in [0, 1] and clip_high >= 0 (distances from ratio 1)"
-        )
-    entropy = given.get("entropy_coef", NEUTRAL_SETTINGS["entropy_coef"])
-    if entropy < 0:
-        raise ConfigError(
-            f"algorithm.loss_config.entropy_coef={entropy!r} must be >= 0 (a bonus on entropy)"
-        )
     mean_over = str(algorithm.get("token_mean_over", "batch"))
     if mean_over != "batch":
         raise ConfigError(
@@ -293,9 +249,9 @@ def loss_overrides(algorithm: Any, backend: Any) -> list[str]:
         )
     actor = "actor_rollout_ref.actor"
     return [
-        f"{actor}.clip_ratio_low={float(eps['clip_low'])}",
-        f"{actor}.clip_ratio_high={float(eps['clip_high'])}",
-        f"{actor}.entropy_coeff={float(entropy)}",
+        f"{actor}.clip_ratio_low={spec.clip_low}",
+        f"{actor}.clip_ratio_high={spec.clip_high}",
+        f"{actor}.entropy_coeff={spec.entropy_coef}",
         f"{actor}.loss_agg_mode={agg}",
     ]
 
