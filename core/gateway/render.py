@@ -80,18 +80,18 @@ _CHUNK_CHARS = 32_768
 """Without a trusted length bound, long texts are counted in pieces this long first."""
 
 
-def _longest_token_chars(tokenizer: Any) -> int:
-    """Length of the longest vocabulary (or added-token) string; 1 when unknown."""
+def _longest_token_chars(tokenizer: Any) -> int | None:
+    """Length of the longest vocabulary (or added-token) string; None when unknown."""
     try:
         strings = list(tokenizer.get_vocab())
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         strings += [str(getattr(t, "content", t)) for t in added.values()]
     except Exception:
-        return 1
-    return max([1, *(len(x) for x in strings)])
+        return None
+    return max(1, *(len(x) for x in strings)) if strings else None
 
 
-def _max_token_chars(tokenizer: Any, backend: Any) -> int | None:
+def _max_token_chars(tokenizer: Any, backend: Any, longest: int | None) -> int | None:
     """Most characters of text one token can cover; None when that cannot be trusted.
 
     Every vocabulary string is at least as long as the text its token covers:
@@ -101,13 +101,11 @@ def _max_token_chars(tokenizer: Any, backend: Any) -> int | None:
     the tokenizer's normalizer) needs at least ceil(n / longest string) tokens,
     provided the tokenizer covers every character, which the round-trip probe checks
     (a tokenizer that drops whitespace or characters fails it and gets no bound).
+    ``longest`` is that longest string (``_longest_token_chars``).
     """
+    if longest is None:
+        return None
     try:
-        strings = list(tokenizer.get_vocab())
-        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        strings += [str(getattr(t, "content", t)) for t in added.values()]
-        if not strings:
-            return None
         if backend is not None:
             ids = backend.encode(_PROBE, add_special_tokens=False).ids
             back = backend.decode(ids, skip_special_tokens=False)
@@ -115,9 +113,7 @@ def _max_token_chars(tokenizer: Any, backend: Any) -> int | None:
             back = tokenizer.decode(tokenizer.encode(_PROBE, add_special_tokens=False), skip_special_tokens=False)
     except Exception:
         return None
-    if back != _PROBE:
-        return None
-    return max(1, max(len(s) for s in strings))
+    return longest if back == _PROBE else None
 
 
 class ChatRenderer:
@@ -160,9 +156,10 @@ class ChatRenderer:
         self._anchor_cache: OrderedDict[tuple[str, ...] | None, list[tuple[Any, str, str]]] = OrderedDict()
         self._anchor_chars = 0
         self._anchor_lock = threading.Lock()  # large renders run in worker threads
-        self.max_token_chars: int | None = _max_token_chars(tokenizer, self._backend)
+        longest = _longest_token_chars(tokenizer)
+        self.max_token_chars: int | None = _max_token_chars(tokenizer, self._backend, longest)
         """Most characters one token covers (``min_tokens``' divisor); None: no length bound."""
-        self._longest_token = _longest_token_chars(tokenizer)
+        self._longest_token = longest or 1
         normalizer = getattr(self._backend, "normalizer", None)
         self._normalize: Any = getattr(normalizer, "normalize_str", None)
         # transformers' own compiled template (same sandbox, filters and globals as

@@ -16,8 +16,9 @@ JSON that parses just under it can overflow it a few frames deeper, as a
 ``RecursionError`` after the turn was sampled. ``loads`` is for the small
 documents the gateway parses on its own: tool calls the model wrote and tool
 arguments a client sent as a string. 128 levels is far above any real tool
-call and far below the limit. (Request bodies are parsed with plain
-``json.loads``, see ``core.gateway.app.parse_body`` for why that is safe.)
+call and far below the limit. (Request bodies are parsed by
+``core.gateway.app.parse_body``, orjson with a ``json`` fallback, without a
+depth walk; its docstring says why that is safe.)
 
 Why surrogates: JSON's ``"\\ud800"`` escape parses to a lone surrogate, a
 ``str`` that cannot be encoded as UTF-8, so the tokenizer fails on it (a

@@ -293,10 +293,6 @@ class Gateway:
 
     # ------------------------------------------------------------------ turns
 
-    def count_tokens(self, units: Sequence[Unit], tools: list[dict[str, Any]] | None) -> int:
-        """Prompt tokens a request would cost rendered from scratch (no budget, on the calling thread)."""
-        return self.renderer.count([m for u in units for m in u.canon()], tools)
-
     async def count_prompt(
         self, sid: str, units: Sequence[Unit], tools: list[dict[str, Any]] | None, *, size: int = 0
     ) -> int:
