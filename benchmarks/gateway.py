@@ -110,6 +110,14 @@ class Gw:
         self.proc.wait(10)
 
 
+
+async def _finish_linear(client: Any, gw: Any, sids: list[str], turns: int) -> None:
+    """Finish and drop each session, checking it stayed one linear row of ``turns`` turns."""
+    for sid in sids:
+        rows = (await client.post(f"{gw.root}/admin/sessions/{sid}/finish", headers=gw.admin)).json()["rows"]
+        assert len(rows) == 1 and len(rows[0]["turns"]) == turns, "session did not stay one linear row"
+        await client.delete(f"{gw.root}/admin/sessions/{sid}", headers=gw.admin)
+
 async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: int, system: str) -> dict[str, Any]:
     sids = []
     for _ in range(concurrency):
@@ -138,10 +146,7 @@ async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: 
     lat = [x for xs in await asyncio.gather(*(run(s) for s in sids)) for x in xs]
     wall = time.perf_counter() - t0
     cpu1 = gw.cpu()
-    for sid in sids:
-        rows = (await client.post(f"{gw.root}/admin/sessions/{sid}/finish", headers=gw.admin)).json()["rows"]
-        assert len(rows) == 1 and len(rows[0]["turns"]) == turns + 1, "session did not stay one linear row"
-        await client.delete(f"{gw.root}/admin/sessions/{sid}", headers=gw.admin)
+    await _finish_linear(client, gw, sids, turns + 1)
     n = len(lat)
     lat.sort()
     return {
@@ -228,10 +233,7 @@ async def _agent_scenario(
         await asyncio.gather(*(run(s) for s in sids))
         wall += time.perf_counter() - t0
         cpu += gw.cpu() - cpu0
-        for sid in sids:
-            rows = (await client.post(f"{gw.root}/admin/sessions/{sid}/finish", headers=gw.admin)).json()["rows"]
-            assert len(rows) == 1 and len(rows[0]["turns"]) == turns + 1, "session did not stay one linear row"
-            await client.delete(f"{gw.root}/admin/sessions/{sid}", headers=gw.admin)
+        await _finish_linear(client, gw, sids, turns + 1)
     n = len(lat)
     lat.sort()
     return {
