@@ -150,7 +150,12 @@ def build_tiny_tokenizer(
 
 
 def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
-    """``"tiny"`` builds the offline tokenizer; anything else goes to ``AutoTokenizer``."""
+    """``"tiny"`` builds the offline tokenizer; anything else goes to ``AutoTokenizer``.
+
+    ``AutoTokenizer`` imports torch when it is installed (transformers 5); a
+    process that needs no model (``python -m core.gateway`` in front of an
+    inference server) uses ``core.tokenizer_export.load_tokenizer_without_torch``.
+    """
     if name_or_path == "tiny":
         return build_tiny_tokenizer(**kwargs)
     from transformers import AutoTokenizer

@@ -54,9 +54,8 @@ def test_loading_plugins_imports_no_heavy_dependency() -> None:
 
 def test_a_gateway_with_the_tiny_tokenizer_does_not_import_torch() -> None:
     """What ``python -m core.gateway`` builds by default (tokenizer, scripted sampler, gateway,
-    ASGI app, a parsed request) stays free of torch. A tokenizer loaded by name or path goes
-    through transformers' ``AutoTokenizer``, which imports torch when it is installed; that
-    path is not covered here."""
+    ASGI app, a parsed request) stays free of torch. A tokenizer loaded by name or path:
+    ``tests/test_tokenizer_loading.py``."""
     code = (
         "import json, sys\n"
         "from core.tokenizer import load_tokenizer\n"

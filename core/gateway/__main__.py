@@ -35,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="vLLM API: /inference/v1/generate or /v1/completions with token-id prompts")
     p.add_argument("--served-model", default="", help="model name sent to vLLM (default: the server's only model)")
     p.add_argument("--reply", default="Hello from the scripted sampler.", help="text the scripted sampler answers")
-    p.add_argument("--tokenizer", default="tiny", help="'tiny' (offline) or a Hugging Face name/path")
+    p.add_argument("--tokenizer", default="tiny",
+                   help="'tiny' (offline) or a Hugging Face name/path (loaded in a child process, so this one "
+                        "never imports torch; see core.tokenizer_export)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--history-mode", default="linear", choices=["linear", "tree"])
@@ -66,9 +68,9 @@ async def _serve(args: argparse.Namespace) -> None:
     from core.samplers import ScriptedSampler, encode_reply
 
     if args.sampler == "scripted":
-        from core.tokenizer import load_tokenizer
+        from core.tokenizer_export import load_tokenizer_without_torch
 
-        tok = load_tokenizer(args.tokenizer)
+        tok = load_tokenizer_without_torch(args.tokenizer)
         sampler: Any = ScriptedSampler(default=encode_reply(tok, args.reply), tokenizer=tok, record_calls=False)
         model_id = "scripted"
     elif args.sampler.startswith("backend:"):
@@ -76,7 +78,7 @@ async def _serve(args: argparse.Namespace) -> None:
     elif args.sampler in ("vllm", "sglang"):
         from core.errors import ConfigError
         from core.samplers import HttpSamplerConfig, build_http_sampler
-        from core.tokenizer import load_tokenizer
+        from core.tokenizer_export import load_tokenizer_without_torch
 
         try:
             sampler = build_http_sampler(HttpSamplerConfig(
@@ -84,7 +86,7 @@ async def _serve(args: argparse.Namespace) -> None:
             ))
         except ConfigError as exc:
             raise SystemExit(f"{exc} (pass --server-url URL)") from exc
-        tok = load_tokenizer(args.tokenizer)
+        tok = load_tokenizer_without_torch(args.tokenizer)
         model_id = args.served_model or args.sampler
     else:
         raise SystemExit(f"--sampler must be 'scripted', 'backend:<name>', 'vllm' or 'sglang', got {args.sampler!r}")

@@ -1,0 +1,150 @@
+"""``load_tokenizer_without_torch``: the tokenizer ``AutoTokenizer`` gives, in a process that never imports torch.
+
+The tokenizer directories are written here from the offline tokenizers (the
+tiny ChatML one and the Llama-3-style one), with ``tokenizer_config.json``
+naming a class as model repositories do. Whether torch is imported is checked
+in a fresh interpreter, so imports earlier in the test session cannot hide it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.testing.tokenizers import EOM, build_llama3_style_tokenizer
+from core.tokenizer import build_tiny_tokenizer, end_of_turn_ids, load_tokenizer
+from core.tokenizer_export import fingerprint, load_tokenizer_without_torch
+
+CHAT = [
+    {"role": "system", "content": "Say the next digit."},
+    {"role": "user", "content": "After 3?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "After 9?"},
+]
+
+
+def _save(tok: Any, path: Path, tokenizer_class: str | None) -> Path:
+    tok.save_pretrained(str(path))
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if tokenizer_class is None:
+        config.pop("tokenizer_class", None)
+    else:
+        config["tokenizer_class"] = tokenizer_class
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("toks")
+    llama = _save(build_llama3_style_tokenizer(), root / "llama3", "PreTrainedTokenizerFast")
+    # Llama 3 lists its end-of-turn ids in generation_config.json, beside the tokenizer.
+    eot = build_llama3_style_tokenizer().convert_tokens_to_ids(EOM)
+    (llama / "generation_config.json").write_text(json.dumps({"eos_token_id": [eot]}), encoding="utf-8")
+    return {
+        # A Qwen2-style repository names Qwen2Tokenizer; AutoTokenizer picks its class.
+        "qwen2": _save(build_tiny_tokenizer(), root / "qwen2", "Qwen2Tokenizer"),
+        "llama3": llama,
+        "no_class": _save(build_tiny_tokenizer(), root / "no_class", None),
+    }
+
+
+_LOAD_IN_FRESH_PROCESS = """
+import json, sys
+from core.tokenizer_export import load_tokenizer_without_torch
+tok = load_tokenizer_without_torch(sys.argv[1])
+ids = tok.apply_chat_template(json.loads(sys.argv[2]), tokenize=True, add_generation_prompt=True)
+ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+print(json.dumps({"torch": "torch" in sys.modules, "ids": list(ids)}))
+"""
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama3", "no_class"])
+def test_loads_without_torch_and_renders_as_auto_tokenizer_does(dirs: dict[str, Path], name: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_IN_FRESH_PROCESS, str(dirs[name]), json.dumps(CHAT)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    fresh = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fresh["torch"] is False, f"loading {name} imported torch in the caller"
+    auto = load_tokenizer(str(dirs[name]))
+    expected = auto.apply_chat_template(CHAT, tokenize=True, add_generation_prompt=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert fresh["ids"] == list(expected)
+
+
+def test_the_copy_matches_every_probe_and_keeps_the_end_of_turn_ids(dirs: dict[str, Path]) -> None:
+    auto = load_tokenizer(str(dirs["llama3"]))
+    copy = load_tokenizer_without_torch(str(dirs["llama3"]))
+    assert json.loads(json.dumps(fingerprint(copy))) == json.loads(json.dumps(fingerprint(auto)))
+    assert copy.name_or_path == str(dirs["llama3"])
+    # EOS, the generation_config.json list and the template's <|eot_id|>, as from the original.
+    assert end_of_turn_ids(copy) == end_of_turn_ids(auto)
+    assert len(end_of_turn_ids(copy)) == 3
+
+
+def test_a_copy_that_differs_falls_back_to_auto_tokenizer(
+    dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A copy whose probes differ from the original is not used; the log names the probe."""
+    import core.tokenizer_export as export
+
+    real = export.fingerprint
+
+    def skewed(tokenizer: Any) -> dict[str, Any]:
+        out = real(tokenizer)
+        out["size"] += 1  # as if the reloaded copy had lost or gained a token
+        return out
+
+    monkeypatch.setattr(export, "fingerprint", skewed)
+    with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"):
+        tok = load_tokenizer_without_torch(str(dirs["qwen2"]))
+    assert "differs in 'size'" in caplog.text
+    assert type(tok).__name__ == type(load_tokenizer(str(dirs["qwen2"]))).__name__
+
+
+def test_a_missing_tokenizer_raises_the_loaders_own_error(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        load_tokenizer_without_torch(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.integration
+def test_the_gateway_cli_with_a_tokenizer_directory_never_imports_torch(dirs: dict[str, Path]) -> None:
+    """``python -m core.gateway --tokenizer DIR`` serves a turn, and its process never imports torch."""
+    code = (
+        "import runpy, sys, threading, os, json, time\n"
+        "def watch():\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "        if 'torch' in sys.modules:\n"
+        "            print(json.dumps({'torch': True}), flush=True); os._exit(3)\n"
+        "threading.Thread(target=watch, daemon=True).start()\n"
+        "sys.argv = ['core.gateway', '--tokenizer', sys.argv[1], '--reply', 'pong']\n"
+        "runpy.run_module('core.gateway', run_name='__main__')\n"
+    )
+    import openai
+
+    proc = subprocess.Popen([sys.executable, "-c", code, str(dirs["qwen2"])], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert "torch" not in info, "the gateway process imported torch"
+        with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
+            out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "After 3?"}])
+        assert out.choices[0].message.content == "pong"
+        time.sleep(0.3)  # the watcher looks every 50 ms
+        assert proc.poll() is None, "the gateway process exited (it imported torch)"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
