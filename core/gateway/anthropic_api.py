@@ -17,6 +17,7 @@ from core.gateway.errors import bad_request
 from core.gateway.fields import opt_bool, opt_int, opt_number, opt_stop
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.toolchoice import anthropic_tool_choice
 from core.types import FinishReason
 
 __all__ = ["messages_response", "messages_stream_events", "parse_count_request", "parse_messages_request"]
@@ -39,6 +40,7 @@ def parse_messages_request(body: dict[str, Any]) -> tuple[TurnRequest, bool]:
     req = TurnRequest(
         units=units,
         tools=tools,
+        tool_choice=anthropic_tool_choice(body, tools),
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", low=0.0, high=1.0),
         top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),

@@ -221,6 +221,17 @@ def _sse(frames: list[bytes]) -> StreamingResponse:
     )
 
 
+TOOL_CHOICE_HEADER = "x-tracerl-tool-choice"
+"""Response header set to ``violated`` when the model did not follow the request's ``tool_choice``."""
+
+
+def _flagged(response: Response, result: TurnResult) -> Response:
+    """Mark a reply that did not follow its ``tool_choice`` (the body stays in the dialect's shape)."""
+    if result.tool_choice_violated:
+        response.headers[TOOL_CHOICE_HEADER] = "violated"
+    return response
+
+
 def build_app(gateway: Gateway) -> HotRoutes:
     """The ASGI app serving ``gateway``: the turn routes on the lean path, the rest on Starlette."""
     cfg = gateway.config
@@ -236,8 +247,8 @@ def build_app(gateway: Gateway) -> HotRoutes:
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
         if stream:
-            return _sse(chat_stream_events(result, gateway.model_id, include_usage))
-        return _json(chat_response(result, gateway.model_id))
+            return _flagged(_sse(chat_stream_events(result, gateway.model_id, include_usage)), result)
+        return _flagged(_json(chat_response(result, gateway.model_id)), result)
 
     async def messages(request: Request) -> Response:
         sid = _session_id(request)
@@ -248,8 +259,8 @@ def build_app(gateway: Gateway) -> HotRoutes:
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
         if stream:
-            return _sse(messages_stream_events(result, gateway.model_id))
-        return _json(messages_response(result, gateway.model_id))
+            return _flagged(_sse(messages_stream_events(result, gateway.model_id)), result)
+        return _flagged(_json(messages_response(result, gateway.model_id)), result)
 
     async def count_tokens(request: Request) -> Response:
         sid = _session_id(request)

@@ -56,6 +56,8 @@ class Turn:
     """Text of the stop token the turn ended with (``<|im_end|>``), or ''."""
     ill_formed: bool = False
     """The turn tried to call a tool and the call did not parse."""
+    choice_violated: bool = False
+    """The turn did not follow its request's ``tool_choice`` (``core.gateway.toolchoice``)."""
     extended: bool = False
     """A child already appends to ``buf`` in place; further children copy."""
 
@@ -204,6 +206,7 @@ def build_rows(
             truncated=leaf.finish_reason is FinishReason.LENGTH,
             turn_params=[turn.params for turn in chain],
             ill_formed_turns=sum(turn.ill_formed for turn in chain),
+            tool_choice_violated_turns=sum(turn.choice_violated for turn in chain),
         )
         rows.append(
             TraceRecord(

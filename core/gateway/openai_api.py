@@ -17,6 +17,7 @@ from core.gateway.errors import bad_request
 from core.gateway.fields import opt_bool, opt_int, opt_number, opt_stop
 from core.gateway.messages import openai_tools, openai_units
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.toolchoice import openai_tool_choice
 from core.types import FinishReason
 
 __all__ = ["chat_response", "chat_stream_events", "parse_chat_request"]
@@ -42,9 +43,11 @@ def parse_chat_request(body: dict[str, Any]) -> tuple[TurnRequest, bool, bool]:
     top_k = opt_int(body, "top_k")
     if top_k is not None and (top_k == 0 or top_k < -1):
         raise bad_request(f"'top_k' must be -1 or >= 1, got {top_k}", param="top_k")
+    tools = openai_tools(body.get("tools"))
     req = TurnRequest(
         units=openai_units(body["messages"]),
-        tools=openai_tools(body.get("tools")),
+        tools=tools,
+        tool_choice=openai_tool_choice(body, tools),
         max_tokens=max_tokens,
         temperature=opt_number(body, "temperature", low=0.0, high=2.0),
         top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),

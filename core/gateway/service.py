@@ -59,6 +59,7 @@ from core.gateway.render import (
 )
 from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session, new_session_id
+from core.gateway.toolchoice import AUTO, ToolChoice, enforce
 from core.gateway.toolparse import ParsedOutput, get_parser
 from core.interfaces import Sampler
 from core.tokenizer import end_of_turn_ids
@@ -89,6 +90,8 @@ class TurnRequest:
     top_k: int | None = None
     stop: tuple[str, ...] = ()
     """Extra stop strings."""
+    tool_choice: ToolChoice = AUTO
+    """Which parsed calls the reply may return (``core.gateway.toolchoice``)."""
     size: int = 0
     """Bytes of the request body; a full render of a body of ``GatewayConfig.render_offload_chars``
     or more runs in a worker thread."""
@@ -108,6 +111,8 @@ class TurnResult:
     ill_formed: bool = False
     stop_string: str | None = None
     """The stop string that ended the turn, if one did."""
+    tool_choice_violated: bool = False
+    """The model did not follow the request's ``tool_choice`` (``toolchoice.enforce``)."""
 
 
 def _check_sampler(sampler: Any) -> Sampler:
@@ -554,13 +559,17 @@ class Gateway:
                 text = text[:at]
         parsed = self._parse_reply(text) if req.tools else ParsedOutput(content=text)
         offered = {t["function"]["name"] for t in req.tools or ()}
-        calls = []
-        for name, args in parsed.tool_calls:
-            calls.append(canonical_tool_call(f"call_{secrets.token_hex(12)}", name, args))
+        for name, _ in parsed.tool_calls:
             if name not in offered:
                 s.counters["unknown_tool_calls"] += 1
         if parsed.ill_formed:
             s.counters["ill_formed_tool_calls"] += 1
+        reply = enforce(req.tool_choice, parsed.content, parsed.tool_calls, text)
+        if req.tool_choice.mode != "auto" and parsed.ill_formed:
+            reply.violated = True  # a required call that did not parse, or a refused call attempted
+        s.counters["tool_calls_dropped"] += reply.dropped
+        s.counters["tool_choice_violations"] += reply.violated
+        calls = [canonical_tool_call(f"call_{secrets.token_hex(12)}", name, args) for name, args in reply.calls]
         prompt.extend(ids)
         turn = Turn(
             buf=prompt,
@@ -578,9 +587,10 @@ class Gateway:
             parent=parent,
             emitted_closer=emitted,
             ill_formed=parsed.ill_formed,
+            choice_violated=reply.violated,
         )
         s.turns.append(turn)
-        assistant: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:
             assistant["tool_calls"] = calls
         node = path[-1] if path else s.root
@@ -590,8 +600,8 @@ class Gateway:
             node.children.append(child)
             node = child
             nodes.append(child)
-        reply = Node(canon=[assistant], turn=turn)
-        node.children.append(reply)
+        answer = Node(canon=[assistant], turn=turn)
+        node.children.append(answer)
         s.tree_version += 1
         s.matched = None
         if mark.version == s.tree_version - 1 and nodes:
@@ -601,15 +611,16 @@ class Gateway:
             # copy of its history's JSON, not two.
             raws = raws_of(req.units)
             kept = mark.reused + raws[len(mark.reused) :] if mark.reused is not None else list(raws)
-            s.matched = Matched(s.tree_version, kept, nodes, len(nodes) + 1, reply if mark.at_end else None)
+            s.matched = Matched(s.tree_version, kept, nodes, len(nodes) + 1, answer if mark.at_end else None)
         return TurnResult(
-            content=parsed.content,
+            content=reply.content,
             tool_calls=calls,
             finish_reason=result.finish_reason,
             prompt_tokens=prompt_len,
             completion_tokens=len(ids),
             ill_formed=parsed.ill_formed,
             stop_string=stop_string,
+            tool_choice_violated=reply.violated,
         )
 
 

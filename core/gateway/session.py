@@ -29,6 +29,8 @@ COUNTERS = (
     "sampler_errors",
     "aborted_turns",
     "sampling_overrides_ignored",
+    "tool_choice_violations",
+    "tool_calls_dropped",
 )
 """Per-session counters copied into every row's metadata."""
 
