@@ -14,10 +14,9 @@ import json
 import os
 from typing import Any
 
-import openai
-
 from core.agent import AgentApp, ModelConfig, RequestContext
 from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
+from examples.math_agent.client import gateway_client
 from examples.math_agent.reward import gsm8k_reward
 
 SYSTEM_PROMPT = (
@@ -39,7 +38,7 @@ async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, A
         raise ValueError(f"payload 'prompt' must be a string, got {type(prompt).__name__}")
     cfg = ModelConfig.from_payload(payload)
     sampling = {k: v for k, v in cfg.sampling_params.items() if k in FORWARDED}
-    client = openai.AsyncOpenAI(base_url=cfg.base_url, api_key=cfg.api_key, max_retries=0)
+    client = gateway_client(cfg)  # shared connection pool, this session's api key
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": prompt},
@@ -67,7 +66,6 @@ async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, A
                 tool_errors += output.startswith("error:")
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     finally:
-        await client.close()
         if os.environ.get("MATH_AGENT_SAVE_TRANSCRIPT"):
             # The session's own directory: sessions share the process, not the folder.
             (context.workdir / "transcript.json").write_text(json.dumps(messages))

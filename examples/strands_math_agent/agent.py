@@ -20,9 +20,11 @@ from typing import Any
 
 from strands import Agent, tool
 from strands.models.openai import OpenAIModel
+from strands.types.exceptions import MaxTokensReachedException
 
 from core.agent import AgentApp, ModelConfig, RequestContext
 from examples.math_agent.calculator import calculate
+from examples.math_agent.client import gateway_client
 from examples.math_agent.reward import gsm8k_reward
 
 SYSTEM_PROMPT = (
@@ -49,10 +51,12 @@ def build_agent(cfg: ModelConfig) -> Agent:
     """A fresh Strands agent pointed at ``cfg``'s endpoint (one per session: not shareable).
 
     The session id goes in the api-key slot, as for any OpenAI-compatible
-    endpoint; retries are off so a refused session fails the rollout at once.
+    endpoint. The client is injected: with ``client_args`` Strands builds a new
+    ``AsyncOpenAI`` (httpx pool, TLS context) for every model call;
+    ``gateway_client`` shares one pool per process (examples/math_agent/client.py).
     """
     model = OpenAIModel(
-        client_args={"base_url": cfg.base_url, "api_key": cfg.api_key, "max_retries": 0},
+        client=gateway_client(cfg),
         model_id=cfg.model_id,
         params={k: v for k, v in cfg.sampling_params.items() if k in FORWARDED},
     )
@@ -101,8 +105,14 @@ async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, A
     if not isinstance(prompt, str):  # validate: never hand raw payload structures to the model
         raise ValueError(f"payload 'prompt' must be a string, got {type(prompt).__name__}")
     agent = build_agent(ModelConfig.from_payload(payload))
+    truncated = 0
     try:
         await agent.invoke_async(prompt)
+    except MaxTokensReachedException:
+        # A reply cut at max_tokens is a wrong answer to learn from, not a crash
+        # (a crash would leave the rollout out of its group); the partial reply
+        # is already in agent.messages and is scored like any other.
+        truncated = 1
     finally:
         if os.environ.get("MATH_AGENT_SAVE_TRANSCRIPT"):
             # The session's own directory: sessions share the process, not the folder.
@@ -118,6 +128,7 @@ async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, A
             "turns": sum(m["role"] == "assistant" for m in agent.messages),
             "tool_calls": tool_calls,
             "tool_errors": tool_errors,
+            "truncated": truncated,
         },
         "response": final,
     }

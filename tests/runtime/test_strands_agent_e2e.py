@@ -92,7 +92,9 @@ def test_strands_agent_concurrent_rollouts_rewards_and_traces(
             for (req, replies, right, i, product, lead), res in zip(cases, results, strict=True):
                 assert res.status is RolloutStatus.OK, res.error
                 assert res.reward == (1.0 if right else 0.0)
-                assert res.metrics == {"turns": 2.0, "tool_calls": 1.0, "tool_errors": 0.0}
+                assert res.metrics == {
+                    "turns": 2.0, "tool_calls": 1.0, "tool_errors": 0.0, "truncated": 0.0
+                }
                 rows = gw.finish_session(req.session_id)
                 assert len(rows) == 1, "an append-only agent yields one row per session"
                 row = rows[0]
