@@ -42,6 +42,17 @@ IN_TREE_BACKENDS: dict[str, str] = {
     "slime": "tracerl-slime",
 }
 
+# In-tree backends that must not be pip-installed into this environment, and
+# what to do instead.
+OWN_ENVIRONMENT: dict[str, str] = {
+    "verl": (
+        "verl 0.9.1 pins transformers<5.11, so it never goes into the environment that runs "
+        "the rest of tracerl: build its own with `bash plugins/verl/scripts/setup_venv.sh` "
+        "(creates .venv-verl), then `source .venv-verl/bin/activate` and run this command "
+        "there (docs/backends/verl.md; `bash plugins/verl/scripts/run_tests.sh` runs its tests)."
+    ),
+}
+
 
 @dataclass
 class Plugins:
@@ -63,7 +74,12 @@ class Plugins:
             return spec
         installed = tuple(self.backends.names())
         listing = ", ".join(installed) if installed else "none"
-        if name in IN_TREE_BACKENDS:
+        if name in OWN_ENVIRONMENT:
+            hint = (
+                f"backend {name!r} is provided by the {IN_TREE_BACKENDS[name]!r} distribution, "
+                f"which is not installed here. {OWN_ENVIRONMENT[name]}"
+            )
+        elif name in IN_TREE_BACKENDS:
             dist = IN_TREE_BACKENDS[name]
             hint = (
                 f"backend {name!r} is provided by the {dist!r} distribution, which is not "

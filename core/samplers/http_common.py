@@ -112,19 +112,20 @@ class HttpSamplerConfig:
         """Raise ``ConfigError`` naming the bad field and the fix."""
         if self.kind not in SAMPLER_KINDS:
             raise ConfigError(
-                f"sampler.kind={self.kind!r} is not supported; use one of {SAMPLER_KINDS}"
+                f"HttpSamplerConfig.kind={self.kind!r} is not supported; use one of {SAMPLER_KINDS}"
             )
         if not self.urls:
             raise ConfigError(
-                f"sampler.urls is empty; give the {self.kind} server URLs, e.g. "
-                "sampler.urls='[http://127.0.0.1:8000]'"
+                f"HttpSamplerConfig.urls is empty; give the {self.kind} server URLs, e.g. "
+                "HttpSamplerConfig(urls=['http://127.0.0.1:8000']) (python -m core.gateway: "
+                "--server-url)"
             )
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"sampler.urls entry {url!r} must start with http:// or https://")
+                raise ConfigError(f"HttpSamplerConfig.urls entry {url!r} must start with http:// or https://")
         if self.vllm_endpoint not in VLLM_ENDPOINTS:
             raise ConfigError(
-                f"sampler.vllm_endpoint={self.vllm_endpoint!r} is not supported; use one of {VLLM_ENDPOINTS}"
+                f"HttpSamplerConfig.vllm_endpoint={self.vllm_endpoint!r} is not supported; use one of {VLLM_ENDPOINTS}"
             )
         for name in (
             "connect_timeout_s",
@@ -133,10 +134,10 @@ class HttpSamplerConfig:
             "abort_timeout_s",
         ):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"sampler.{name} must be > 0, got {getattr(self, name)!r}")
+                raise ConfigError(f"HttpSamplerConfig.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("connect_retries", "health_interval_s", "retry_backoff_s"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"sampler.{name} must be >= 0, got {getattr(self, name)!r}")
+                raise ConfigError(f"HttpSamplerConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         for name in (
             "unhealthy_after",
             "healthy_after",
@@ -144,7 +145,7 @@ class HttpSamplerConfig:
             "connections_per_shard",
         ):
             if getattr(self, name) < 1:
-                raise ConfigError(f"sampler.{name} must be >= 1, got {getattr(self, name)!r}")
+                raise ConfigError(f"HttpSamplerConfig.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
 @functools.cache
@@ -283,7 +284,7 @@ class HttpSampler:
             raise self.fail(
                 server,
                 f"answered POST {path} with malformed JSON ({exc}): {resp.text[:200]!r}",
-                "check that sampler.urls points at the engine (or its router) and not at a proxy page",
+                "check that HttpSamplerConfig.urls points at the engine (or its router) and not at a proxy page",
             ) from exc
         return self._parse(server, data, params)
 
@@ -323,9 +324,9 @@ class HttpSampler:
             except httpx.TimeoutException as exc:
                 raise self.fail(
                     server,
-                    f"no answer to POST {path} within sampler.request_timeout_s={cfg.request_timeout_s} "
+                    f"no answer to POST {path} within HttpSamplerConfig.request_timeout_s={cfg.request_timeout_s} "
                     f"({type(exc).__name__})",
-                    "the server hangs or is overloaded; check its log, or raise sampler.request_timeout_s "
+                    "the server hangs or is overloaded; check its log, or raise HttpSamplerConfig.request_timeout_s "
                     "for very long generations",
                 ) from exc
             except httpx.HTTPError as exc:
@@ -338,7 +339,7 @@ class HttpSampler:
         raise SamplerError(
             f"could not reach any {self.protocol} server after {attempts} attempts "
             f"({'; '.join(errors[-len(self.pool.servers) - 1 :])}); check the servers are running and "
-            f"sampler.urls={[s.url for s in self.pool.servers]!r} is right"
+            f"HttpSamplerConfig.urls={[s.url for s in self.pool.servers]!r} is right"
         )
 
     def _http_error(self, server: ServerState, path: str, resp: httpx.Response) -> SamplerError:
@@ -347,7 +348,7 @@ class HttpSampler:
         if code == 404:
             fix = self._not_found_fix()
         elif code in (401, 403):
-            fix = "set sampler.api_key to the server's --api-key"
+            fix = "set HttpSamplerConfig.api_key to the server's --api-key"
         elif code in (400, 422):
             fix = "the server rejected the request; a prompt longer than its context length is the usual cause"
         elif code == 429 or code == 503:
@@ -357,7 +358,7 @@ class HttpSampler:
         return self.fail(server, f"answered POST {path} with HTTP {code}: {detail!r}", fix)
 
     def _not_found_fix(self) -> str:
-        return "check that sampler.urls points at the engine's root URL (no /v1 suffix)"
+        return "check that HttpSamplerConfig.urls points at the engine's root URL (no /v1 suffix)"
 
     async def check_health(self) -> list[dict[str, object]]:
         """Run one round of health checks now; returns the pool's snapshot."""

@@ -111,7 +111,7 @@ class SGLangSampler(HttpSampler):
         )
 
     def _not_found_fix(self) -> str:
-        return "check that sampler.urls points at the SGLang server or router root URL (it serves POST /generate)"
+        return "check that HttpSamplerConfig.urls points at the SGLang server or router root URL (it serves POST /generate)"
 
     def _parse(self, server: ServerState, data: Any, params: SamplingParams) -> SampleResult:
         meta = data.get("meta_info") if isinstance(data, dict) else None
@@ -119,7 +119,7 @@ class SGLangSampler(HttpSampler):
             raise self.fail(
                 server,
                 f"the answer to POST /generate has no meta_info: {str(data)[:200]!r}",
-                "check that sampler.urls points at an SGLang server",
+                "check that HttpSamplerConfig.urls points at an SGLang server",
             )
         pairs = meta.get("output_token_logprobs")
         if not isinstance(pairs, list):

@@ -83,9 +83,9 @@ class VLLMSampler(HttpSampler):
         if self.config.vllm_endpoint == "generate":
             return (
                 "this vLLM does not serve /inference/v1/generate (a build without the tokens-in/tokens-out "
-                "API); upgrade vLLM or set sampler.vllm_endpoint=completions"
+                "API); upgrade vLLM or set HttpSamplerConfig.vllm_endpoint=completions"
             )
-        return "check that sampler.urls points at the vLLM root URL (no /v1 suffix) and sampler.model names a served model"
+        return "check that HttpSamplerConfig.urls points at the vLLM root URL (no /v1 suffix) and HttpSamplerConfig.model names a served model"
 
     def _parse(self, server: ServerState, data: Any, params: SamplingParams) -> SampleResult:
         path = COMPLETIONS_PATH if self.config.vllm_endpoint == "completions" else GENERATE_PATH
@@ -94,7 +94,7 @@ class VLLMSampler(HttpSampler):
             raise self.fail(
                 server,
                 f"the answer to POST {path} has no choices: {str(data)[:200]!r}",
-                "check that sampler.urls points at a vLLM server",
+                "check that HttpSamplerConfig.urls points at a vLLM server",
             )
         choice = choices[0]
         ids = choice.get("token_ids")
@@ -103,7 +103,7 @@ class VLLMSampler(HttpSampler):
                 server,
                 f"the answer to POST {path} has no token ids (choices[0].token_ids={str(ids)[:80]})",
                 "use a vLLM that returns token ids (>= 0.10.2 for return_token_ids), or "
-                "sampler.vllm_endpoint=generate",
+                "HttpSamplerConfig.vllm_endpoint=generate",
             )
         raw = choice.get("logprobs")
         if path == GENERATE_PATH:

@@ -1,6 +1,6 @@
 """The embedded default's toy task: "After 3?" -> "4" (the next digit, mod 10).
 
-Chosen from a prototype on this project's machines (shared/research/toy-task.md):
+Chosen from a prototype on this project's machines (docs/research/toy-task.md):
 a constant reply scores at most 0.1, so 0.8 needs the model to read the
 prompt, and a 137k-parameter model learns it from scratch in under a minute
 on 2 CPU cores with the reward below.

@@ -100,9 +100,22 @@ def test_unknown_backend_lists_installed() -> None:
     assert str(copy) == str(info.value) and copy.installed == info.value.installed
 
 
-def test_missing_in_tree_backend_names_the_install() -> None:
-    with pytest.raises(BackendNotFoundError, match=r"tracerl-verl.*pip install -e plugins/verl"):
+def test_missing_in_tree_backend_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.plugins import manager
+
+    monkeypatch.setitem(manager.IN_TREE_BACKENDS, "nosuch", "tracerl-nosuch")
+    with pytest.raises(BackendNotFoundError, match=r"tracerl-nosuch.*pip install -e plugins/nosuch"):
+        load_plugins().backend("nosuch")
+
+
+def test_missing_verl_points_to_its_own_environment_not_pip() -> None:
+    """verl pins an older transformers: `pip install -e plugins/verl` here would break tracerl."""
+    with pytest.raises(BackendNotFoundError) as info:
         load_plugins().backend("verl")
+    message = str(info.value)
+    assert "bash plugins/verl/scripts/setup_venv.sh" in message
+    assert "source .venv-verl/bin/activate" in message
+    assert "pip install" not in message
 
 
 def test_unknown_runtime_lists_installed() -> None:

@@ -45,7 +45,7 @@ def test_refused_connections_are_retried_then_reported(kind: str) -> None:
         asyncio.run(_sample(sampler))
     assert sampler.pool.servers[0].requests == 3  # 1 + 2 retries
     msg = str(err.value)
-    assert "after 3 attempts" in msg and url in msg and "sampler.urls" in msg
+    assert "after 3 attempts" in msg and url in msg and "HttpSamplerConfig.urls" in msg
     assert time.monotonic() - t0 < 5
 
 
@@ -233,7 +233,7 @@ def test_cancel_reaches_sglang_abort_request_with_the_rid(make_standin: Any) -> 
 
 
 def test_config_errors_name_the_field() -> None:
-    with pytest.raises(ConfigError, match="sampler.urls is empty"):
+    with pytest.raises(ConfigError, match="HttpSamplerConfig.urls is empty"):
         build_http_sampler({"kind": "sglang"})
     with pytest.raises(ConfigError, match="'tgi'"):
         build_http_sampler({"kind": "tgi", "urls": ["http://x"]})

@@ -6,7 +6,7 @@ default recipe) must lift the mean reward from near zero (a random policy
 scores about 0.002 on succ_digit) far above it. Each sabotaged variant
 (tests/trainer/learning_run.py) breaks one thing a silent bug could break:
 the advantage sign, the loss mask, the logprobs the ratio is computed
-against, or the weight sync. The prototype in shared/research/toy-task.md
+against, or the weight sync. The prototype in docs/research/toy-task.md
 saw every such sabotage stay below 0.15 while healthy runs passed 0.9.
 
 To keep this cheap the sabotaged runs do not start from scratch. The healthy

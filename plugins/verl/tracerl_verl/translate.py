@@ -257,7 +257,7 @@ def loss_overrides(algorithm: Any, backend: Any) -> list[str]:
 
 
 def cpu_overrides(cfg: Any) -> list[str]:
-    """Settings of the test-only CPU path (shared/research/verl-cpu.md, level c)."""
+    """Settings of the test-only CPU path (docs/research/verl-cpu.md, level c)."""
     n = int(cfg.backend.n_gpus_per_node)
     return [
         "trainer.device=cpu",

@@ -14,7 +14,7 @@ agent-loop workers and weight sync on 2 cores.
   patches of private verl names (each names the verl line it works around).
 
 Guarded: ``install`` refuses any verl but 0.9.1, because the patches target
-that version's internals. See shared/research/verl-cpu.md for the findings.
+that version's internals. See docs/research/verl-cpu.md for the findings.
 """
 
 from __future__ import annotations
