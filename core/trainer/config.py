@@ -52,6 +52,11 @@ class TrainerConfig:
     """Show progress bars."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: console, jsonl, and wandb / tensorboard when installed."""
+    save_traces: int = 1
+    """Store every N-th step's rollouts (conversation, token ids, loss mask, logprobs,
+    weight versions, reward, status, advantage) under ``<run_dir>/traces/`` for
+    ``python -m core.view``; evaluations are stored whenever it is > 0; 0 stores none
+    (docs/viewer.md gives the size per 1,000 rollouts)."""
 
 
 @dataclass

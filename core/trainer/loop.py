@@ -42,6 +42,7 @@ from core.trainer.metrics import MetricsWriter, console_line
 from core.trainer.report import write_report
 from core.trainer.rollouts import FAULT_KEYS, RolloutOutcome, check_exclude_on, start_rollout_stack
 from core.trainer.signal import TOKEN_MEAN_OVER, StepSignal, build_signal
+from core.trainer.traces import TraceWriter
 from core.types import AdamParams, Datum, RolloutStatus, SamplingParams
 
 
@@ -195,6 +196,7 @@ class Trainer:
         )
         self._closers.append(self._close_metrics)
         self.console = "console" in loggers
+        self.traces = TraceWriter(self.run_dir, int(self.t.get("save_traces", 1)), self.gateway.renderer.decode)
 
     async def _close_metrics(self) -> None:
         self.metrics.close()
@@ -319,6 +321,7 @@ class Trainer:
             group_size=1,
             sampling=self._sampling(self.algo.eval_temperature, stream=2),
         )
+        self.traces.write_step(self.step, outcomes, {}, kind="eval")
         ok = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
         return {
             "eval/reward_mean": sum(ok) / len(ok) if ok else float("nan"),
@@ -391,7 +394,9 @@ class Trainer:
             eval_metrics = await self.evaluate()
             times.eval = time.perf_counter() - t0
         step_time = time.perf_counter() - t_step
-        return self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
+        record = self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
+        record.update(self.traces.write_step(self.step, outcomes, signal.advantages))  # after time/step
+        return record
 
     def _record(
         self,

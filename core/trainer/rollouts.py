@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.errors import ConfigError
+from core.trainer.traces import conversation_tree
 from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams, TraceRecord
 
 EXCLUDE_ON_CHOICES: dict[str, str] = {
@@ -64,6 +65,9 @@ class RolloutOutcome:
     and ``finished_early``/``session_lost`` when the runner found the session
     already finished or dropped. Read from the session itself, so a rollout whose
     only model call failed (no rows) still shows it."""
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    """The session's message tree as the gateway recorded it (``core.trainer.traces.
+    conversation_tree``): what the agent sent and what the model replied, forks included."""
 
     @property
     def ok(self) -> bool:
@@ -286,7 +290,7 @@ class RolloutRunner:
             try:
                 result = await self.runtime.run_rollout(request)
             finally:
-                rows, faults = self._close_session(sid)
+                rows, faults, conversation = self._close_session(sid)
         if faults.get("session_lost"):
             result = _lost(result)
         else:
@@ -298,10 +302,14 @@ class RolloutRunner:
             replace(r, rollout_id=rollout_id, group_id=group_id, reward=reward, status=result.status)
             for r in rows
         ]
-        return RolloutOutcome(request=request, result=result, rows=rows, faults=faults)
+        return RolloutOutcome(
+            request=request, result=result, rows=rows, faults=faults, conversation=conversation
+        )
 
-    def _close_session(self, sid: str) -> tuple[list[TraceRecord], dict[str, int]]:
-        """Finish and drop ``sid``; its rows and fault counters.
+    def _close_session(
+        self, sid: str
+    ) -> tuple[list[TraceRecord], dict[str, int], list[dict[str, Any]]]:
+        """Finish and drop ``sid``; its rows, fault counters and conversation tree.
 
         Tolerates a session someone else already finished (its rows are still
         there) or dropped (its trace is lost: ``session_lost``), so one odd
@@ -310,10 +318,11 @@ class RolloutRunner:
         try:
             session = self.gateway.session(sid)
         except Exception:  # dropped (admin DELETE): nothing left to read
-            return [], {"session_lost": 1, "model_turns": 0}
+            return [], {"session_lost": 1, "model_turns": 0}, []
         faults = {key: int(session.counters.get(key, 0)) for key in FAULT_KEYS if key != "in_flight_at_finish"}
         faults["in_flight_at_finish"] = int(session.in_flight)
         faults["model_turns"] = len(session.turns)
+        conversation = conversation_tree(session.root, session.turns)
         try:
             if session.closed:
                 faults["finished_early"] = 1
@@ -324,7 +333,7 @@ class RolloutRunner:
             rows, faults["session_lost"] = [], 1
         finally:
             self.gateway.drop_session(sid)
-        return rows, faults
+        return rows, faults, conversation
 
     async def run_groups(
         self,

@@ -1,0 +1,391 @@
+"""What each rollout of a run did, kept under ``<run_dir>/traces/`` for ``python -m core.view``.
+
+Metrics say *that* reward did not rise; traces say *why*: which rollouts failed
+and how, what the agent said and called, which tokens were trained, their
+logprobs and the weights that produced them. One gzip'd JSONL file per stored
+step (``step_000012.jsonl.gz``) and per evaluation (``eval_000050.jsonl.gz``):
+
+- line 1, the header: ``format``, ``kind`` (``train`` or ``eval``), ``step``,
+  ``time``, ``rollouts`` and ``tokens`` (``{id: text}`` of every token id the
+  file uses, decoded one by one, so the viewer needs no tokenizer);
+- one line per rollout: ids, payload (its ``_config`` dropped), status, reward,
+  advantage, error, elapsed seconds, agent metrics, session faults, the
+  conversation tree the gateway recorded (``conversation``: nodes in preorder,
+  each ``{"parent", "messages", "turn"}``; a node with several children is a
+  fork) and the trace rows.
+
+A row stores ``token_ids`` after the prefix it shares with an earlier row of the
+same rollout (``base: [row, n]``: the first n tokens are that row's), the loss
+mask as ``[start, end)`` runs, ``logprobs`` only where the mask is 1 (rounded to
+``LOGPROB_DECIMALS``), turns as ``[start, end, finish_reason, weight_version]``
+and the gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
+
+A file is written to a ``.tmp`` name and renamed, so a reader never sees half
+of one; ``read_traces`` still tolerates a file cut short (a copy in progress, a
+full disk) and returns the rollouts before the cut with ``partial=True``. A
+resumed run rewrites the steps it replays.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import re
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from core.errors import ConfigError
+from core.types import FinishReason, RolloutStatus, TraceRecord, TurnSpan
+
+TRACES_DIR = "traces"
+"""Subdirectory of the run directory holding the trace files."""
+FORMAT = 1
+"""Version of the file layout, in every header."""
+LOGPROB_DECIMALS = 6
+"""Stored logprobs are rounded to this many decimals (1e-6 nats)."""
+ERROR_CHARS = 8000
+"""Longest error text kept per rollout (its tail: tracebacks end with the cause)."""
+KINDS = ("train", "eval")
+"""What a trace file holds: a training step's rollouts or an evaluation's."""
+
+_NAME = re.compile(r"^(train|eval)_(\d{6,})\.jsonl\.gz$")
+
+
+def trace_path(run_dir: Path, kind: str, step: int) -> Path:
+    """Where the traces of ``kind`` at ``step`` live."""
+    if kind not in KINDS:
+        raise ValueError(f"trace kind must be one of {KINDS}, got {kind!r}")
+    return Path(run_dir) / TRACES_DIR / f"{kind}_{int(step):06d}.jsonl.gz"
+
+
+def list_traces(run_dir: Path) -> dict[str, list[int]]:
+    """The stored steps of each kind, ascending (``.tmp`` files being written are left out)."""
+    found: dict[str, list[int]] = {k: [] for k in KINDS}
+    folder = Path(run_dir) / TRACES_DIR
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            m = _NAME.match(entry.name)
+            if m:
+                found[m.group(1)].append(int(m.group(2)))
+    return {k: sorted(v) for k, v in found.items()}
+
+
+# -- conversation tree -------------------------------------------------------
+
+
+def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
+    """A gateway session's message tree as a flat preorder list.
+
+    ``root`` is ``Session.root`` (nodes with ``canon``, ``turn`` and ``children``),
+    ``turns`` is ``Session.turns``; a node's ``turn`` is the index of its generated
+    turn there, or None for messages the agent sent. Read before the session is
+    dropped; the message dicts are shared, not copied (the session is gone after).
+    """
+    index = {id(t): i for i, t in enumerate(turns)}
+    out: list[dict[str, Any]] = []
+    stack: list[tuple[Any, int]] = [(child, -1) for child in reversed(root.children)]
+    while stack:
+        node, parent = stack.pop()
+        me = len(out)
+        turn = index.get(id(node.turn)) if node.turn is not None else None
+        out.append({"parent": parent, "messages": node.canon, "turn": turn})
+        stack.extend((child, me) for child in reversed(node.children))
+    return out
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+def _runs(mask: Sequence[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    start = None
+    for i, m in enumerate(mask):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append([start, i])
+            start = None
+    if start is not None:
+        runs.append([start, len(mask)])
+    return runs
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with non-finite floats as None and tuples as lists (strict JSON)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str | int | bool) or value is None:
+        return value
+    if isinstance(value, float):
+        return _finite(value)
+    return str(value)
+
+
+def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:
+    """The stored form of one rollout's rows (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        base: list[int] | None = None
+        best = 0
+        for j in range(i):
+            n = _common_prefix(rows[j].token_ids, row.token_ids)
+            if n > best:
+                base, best = [j, n], n
+        out.append(
+            {
+                "row_index": row.row_index,
+                "session_id": row.session_id,
+                "prompt_length": row.prompt_length,
+                "base": base,
+                "token_ids": list(row.token_ids[best:]),
+                "mask": _runs(row.loss_mask),
+                "logprobs": [
+                    round(lp, LOGPROB_DECIMALS) for lp, m in zip(row.logprobs, row.loss_mask, strict=True) if m
+                ],
+                "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
+                "metadata": _jsonable(row.metadata),
+            }
+        )
+    return out
+
+
+def decode_rows(stored: Sequence[Mapping[str, Any]], rollout: Mapping[str, Any] | None = None) -> list[TraceRecord]:
+    """``TraceRecord``s from their stored form; ``rollout`` (the rollout's record) fills
+    ``rollout_id``, ``group_id``, ``reward`` and ``status``."""
+    rollout = rollout or {}
+    status = rollout.get("status")
+    full: list[list[int]] = []
+    records: list[TraceRecord] = []
+    for row in stored:
+        ids = list(row["token_ids"])
+        if row.get("base"):
+            j, n = row["base"]
+            ids = full[j][:n] + ids
+        full.append(ids)
+        mask = [0] * len(ids)
+        for s, e in row["mask"]:
+            mask[s:e] = [1] * (e - s)
+        logprobs = [0.0] * len(ids)
+        it = iter(row["logprobs"])
+        for k, m in enumerate(mask):
+            if m:
+                logprobs[k] = float(next(it))
+        records.append(
+            TraceRecord(
+                session_id=str(row.get("session_id", "")),
+                token_ids=ids,
+                loss_mask=mask,
+                logprobs=logprobs,
+                prompt_length=int(row["prompt_length"]),
+                turns=[TurnSpan(int(s), int(e), FinishReason(f), int(v)) for s, e, f, v in row["turns"]],
+                row_index=int(row.get("row_index", len(records))),
+                rollout_id=rollout.get("rollout_id"),
+                group_id=rollout.get("group_id"),
+                reward=rollout.get("reward") if status == RolloutStatus.OK.value else None,
+                status=RolloutStatus(status) if status else None,
+                metadata=dict(row.get("metadata") or {}),
+            )
+        )
+    return records
+
+
+def rows_of(rollout: Mapping[str, Any]) -> list[TraceRecord]:
+    """The ``TraceRecord`` rows of one stored rollout."""
+    return decode_rows(rollout.get("rows", []), rollout)
+
+
+def full_token_ids(rollout: Mapping[str, Any]) -> list[list[int]]:
+    """Each stored row's whole token id list (its shared prefix put back)."""
+    return [r.token_ids for r in rows_of(rollout)]
+
+
+def encode_rollout(outcome: Any, advantage: float | None) -> dict[str, Any]:
+    """One rollout's stored record; ``outcome`` is a ``RolloutOutcome``."""
+    request, result = outcome.request, outcome.result
+    payload = {k: v for k, v in dict(request.payload).items() if k != "_config"}
+    error = result.error
+    if error and len(error) > ERROR_CHARS:
+        error = "[...]" + error[-ERROR_CHARS:]
+    return {
+        "rollout_id": request.rollout_id,
+        "group_id": request.group_id,
+        "payload": _jsonable(payload),
+        "status": str(result.status),
+        "reward": _finite(result.reward),
+        "advantage": _finite(advantage),
+        "error": error,
+        "elapsed_s": round(float(result.elapsed_s), 4),
+        "metrics": _jsonable(result.metrics),
+        "faults": _jsonable(getattr(outcome, "faults", {})),
+        "conversation": _jsonable(getattr(outcome, "conversation", [])),
+        "rows": encode_rows(outcome.rows),
+    }
+
+
+# -- writing -------------------------------------------------------------------
+
+
+@dataclass
+class TraceWriter:
+    """Writes a run's trace files; ``every`` 0 writes none.
+
+    Args:
+        run_dir: The run directory.
+        every: Store the rollouts of every N-th training step (``trainer.save_traces``);
+            evaluations are stored whenever ``every`` > 0.
+        decode: Text of a list of token ids (the gateway's ``renderer.decode``); each id
+            is decoded once per run and kept.
+    """
+
+    run_dir: Path
+    every: int = 1
+    decode: Callable[[Sequence[int]], str] | None = None
+    _texts: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 0:
+            raise ConfigError(
+                f"trainer.save_traces must be an integer >= 0 (0: off, 1: every step, N: every "
+                f"N-th step), got {self.every!r}"
+            )
+
+    def wants(self, kind: str, step: int) -> bool:
+        """Whether the rollouts of ``kind`` at ``step`` are stored."""
+        if self.every <= 0:
+            return False
+        return kind == "eval" or step % self.every == 0
+
+    def _token_texts(self, ids: Iterable[int]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in ids:
+            text = self._texts.get(i)
+            if text is None:
+                try:
+                    text = self.decode([i]) if self.decode is not None else ""
+                except Exception:  # an id the tokenizer cannot decode: show the id instead
+                    text = ""
+                self._texts[i] = text
+            out[str(i)] = text
+        return out
+
+    def write_step(
+        self,
+        step: int,
+        outcomes: Sequence[Any],
+        advantages: Mapping[str, float],
+        *,
+        kind: str = "train",
+    ) -> dict[str, float]:
+        """Store ``outcomes`` (``RolloutOutcome``s) of ``kind`` at ``step`` when ``wants`` says so.
+
+        Returns ``{"traces/bytes", "time/traces"}`` for the step's metrics, or ``{}``
+        when nothing was stored.
+        """
+        if not self.wants(kind, step):
+            return {}
+        t0 = time.perf_counter()
+        records = [encode_rollout(o, advantages.get(o.request.rollout_id)) for o in outcomes]
+        ids = sorted({i for o in outcomes for r in o.rows for i in r.token_ids})
+        header = {
+            "format": FORMAT,
+            "kind": kind,
+            "step": int(step),
+            "time": time.time(),
+            "rollouts": len(records),
+            "tokens": self._token_texts(ids),
+        }
+        path = trace_path(self.run_dir, kind, step)
+        size = write_trace_file(path, header, records)
+        return {"traces/bytes": float(size), "time/traces": time.perf_counter() - t0}
+
+
+def write_trace_file(path: Path, header: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> int:
+    """Write one trace file atomically (``.tmp``, then rename); returns its size in bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    body = b"".join(orjson.dumps(r) + b"\n" for r in (header, *records))
+    # mtime=0: the same rollouts give the same bytes. No fsync: a trace lost to a power
+    # cut costs a view, not the run, and the step should not wait for the disk.
+    tmp.write_bytes(gzip.compress(body, compresslevel=6, mtime=0))
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+# -- reading -------------------------------------------------------------------
+
+
+@dataclass
+class StepTraces:
+    """The contents of one trace file."""
+
+    header: dict[str, Any]
+    """Format, kind, step, time, rollout count and token texts."""
+    rollouts: list[dict[str, Any]]
+    """One stored record per rollout, in the step's order."""
+    partial: bool = False
+    """The file was cut short; ``rollouts`` holds the ones before the cut."""
+
+
+def read_traces(path: Path) -> StepTraces:
+    """Read a trace file; a file cut short gives the rollouts before the cut.
+
+    Raises:
+        ValueError: the file is not a trace file (no readable header) or is of a
+            newer format than this version reads.
+    """
+    data = Path(path).read_bytes()
+    inflate = zlib.decompressobj(wbits=31)  # gzip framing; no error for a cut-short stream
+    try:
+        text = inflate.decompress(data)
+    except zlib.error as exc:
+        raise ValueError(f"{path} is not a readable trace file: {exc}") from exc
+    partial = not inflate.eof
+    lines = text.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines and partial:
+        lines.pop()  # the line the cut went through
+    if not lines:
+        raise ValueError(f"{path} holds no header line; it was cut short before any rollout")
+    try:
+        header = orjson.loads(lines[0])
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"{path}: the header line is not JSON ({exc})") from exc
+    if not isinstance(header, dict) or int(header.get("format", 0)) > FORMAT:
+        raise ValueError(
+            f"{path}: trace format {header.get('format') if isinstance(header, dict) else '?'} is "
+            f"newer than this tracerl reads ({FORMAT}); upgrade tracerl"
+        )
+    rollouts: list[dict[str, Any]] = []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        try:
+            rollouts.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            partial = True
+            break
+    return StepTraces(header=header, rollouts=rollouts, partial=partial)
