@@ -3,6 +3,8 @@
 Defines ``build_app(gateway)``, a Starlette application serving
 
 - ``POST /v1/chat/completions`` (OpenAI, streaming and not),
+- ``POST /v1/responses`` (OpenAI Responses, streaming and not), ``GET`` and
+  ``DELETE /v1/responses/{id}`` (the session's stored responses),
 - ``POST /v1/messages``, ``POST /v1/messages/count_tokens`` (Anthropic),
 - ``GET /v1/models``, ``GET /health``, and the admin routes (``core.gateway.admin``),
 
@@ -56,6 +58,12 @@ from core.gateway.errors import (
 )
 from core.gateway.fastpath import ClientGone, DisconnectWatch, HotRoutes, read_raw
 from core.gateway.openai_api import chat_response, chat_stream_events, parse_chat_request
+from core.gateway.responses_api import (
+    finish_response,
+    input_error,
+    parse_responses_request,
+    response_stream_events,
+)
 
 if TYPE_CHECKING:
     from core.gateway.service import Gateway, TurnResult
@@ -262,6 +270,41 @@ def build_app(gateway: Gateway) -> HotRoutes:
             return _flagged(_sse(messages_stream_events(result, gateway.model_id)), result)
         return _flagged(_json(messages_response(result, gateway.model_id)), result)
 
+    async def responses(request: Request) -> Response:
+        sid = _session_id(request)
+        s = gateway.open_session(sid)
+        raw = await read_raw(request, limit, timeout)
+        body = parse_body(raw)
+        call = parse_responses_request(body, s.responses)
+        call.req.size = len(raw) + (call.previous.size if call.previous is not None else 0)
+        try:
+            result = await _guarded(request, gateway.run_turn(sid, call.req))
+        except GatewayError as err:
+            raise input_error(err, body) from None
+        response = finish_response(s.responses, call, result, gateway.model_id)
+        if call.stream:
+            return _sse(response_stream_events(response))
+        return _json(response)
+
+    def _stored(request: Request) -> tuple[dict[str, Any], str]:
+        s = gateway.open_session(_session_id(request))
+        rid = str(request.path_params["rid"])
+        if rid not in s.responses:
+            raise not_found(
+                f"no stored response {rid[:40]!r} in this session (responses are kept per session, "
+                "and not at all when created with store=false)"
+            )
+        return s.responses, rid
+
+    async def get_response(request: Request) -> Response:
+        stored, rid = _stored(request)
+        return _json(stored[rid].response)
+
+    async def delete_response(request: Request) -> Response:
+        stored, rid = _stored(request)
+        del stored[rid]
+        return _json({"id": rid, "object": "response.deleted", "deleted": True})
+
     async def count_tokens(request: Request) -> Response:
         sid = _session_id(request)
         gateway.open_session(sid)
@@ -278,6 +321,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         return _json({"status": "ok", "sessions": len(gateway.sessions())})
 
     openai_chat = _endpoint(chat, anthropic=False)
+    openai_responses = _endpoint(responses, anthropic=False)
     anth_messages = _endpoint(messages, anthropic=True)
     anth_count = _endpoint(count_tokens, anthropic=True)
     list_models = _endpoint(models, anthropic=False)
@@ -286,6 +330,9 @@ def build_app(gateway: Gateway) -> HotRoutes:
         routes += [
             Route(prefix + "/v1/chat/completions", openai_chat, methods=["POST"]),
             Route(prefix + "/v1/models", list_models, methods=["GET"]),
+            Route(prefix + "/v1/responses", openai_responses, methods=["POST"]),
+            Route(prefix + "/v1/responses/{rid}", _endpoint(get_response, anthropic=False), methods=["GET"]),
+            Route(prefix + "/v1/responses/{rid}", _endpoint(delete_response, anthropic=False), methods=["DELETE"]),
         ]
         for v in ("/v1", "/v1/v1"):
             routes += [
@@ -306,6 +353,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     hot = {
         "/v1/chat/completions": openai_chat,
+        "/v1/responses": openai_responses,
         "/v1/messages": anth_messages,
         "/v1/v1/messages": anth_messages,
     }

@@ -77,6 +77,9 @@ class Session:
     """Set when ``in_flight`` drops to 0 (created lazily inside a loop)."""
     created_at: float = field(default_factory=time.time)
     """Creation time (epoch seconds)."""
+    responses: dict[str, Any] = field(default_factory=dict)
+    """Responses API: the stored responses by id (``core.gateway.responses_api.StoredResponse``),
+    kept while the session lives, for ``previous_response_id``."""
 
     def summary(self) -> dict[str, Any]:
         """JSON-able view for the admin routes."""

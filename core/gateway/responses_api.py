@@ -1,0 +1,350 @@
+"""OpenAI Responses dialect: request parsing, the session's stored responses, response/SSE formatting.
+
+Defines:
+
+- ``parse_responses_request``: a ``/v1/responses`` body as a ``ResponsesCall``
+  (the ``TurnRequest`` the service runs, plus what the response echoes).
+- ``StoredResponse`` and ``finish_response``: the response object of a finished
+  turn, kept in the session (``Session.responses``) unless ``store`` is false, so
+  a follow-up with ``previous_response_id`` and only its new items renders the
+  whole conversation.
+- ``response_stream_events``: the SSE frames of a streamed response, replayed
+  from the finished turn (``response.created`` ... ``response.completed``).
+- ``input_error``: a service error re-pointed at the Responses field it is about.
+
+Every top-level field is either used, accepted because it cannot change what the
+model produces (``model``, ``metadata``, ``user``, prompt-cache hints ...), or
+refused with a 400 naming it: the gateway never accepts and ignores a field
+that would change the output (docs/gateway.md, "Responses API").
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+from core.gateway.errors import SURROGATE_HINT, GatewayError, bad_request
+from core.gateway.fields import opt_bool, opt_int, opt_number
+from core.gateway.responses_items import group_items, item_units, responses_tools
+from core.gateway.safejson import lone_surrogate
+from core.gateway.service import TurnRequest, TurnResult
+from core.types import FinishReason
+
+__all__ = [
+    "ResponsesCall",
+    "StoredResponse",
+    "finish_response",
+    "input_error",
+    "parse_responses_request",
+    "response_stream_events",
+]
+
+_CHUNK_CHARS = 64
+
+_USED = frozenset({
+    "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+    "temperature", "top_p", "top_k", "stream", "stream_options", "previous_response_id", "store",
+    "include", "text", "truncation", "reasoning", "top_logprobs", "background",
+})
+"""Fields read below (each refused when it asks for what the gateway cannot do)."""
+_NO_EFFECT = frozenset({
+    "model", "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "service_tier", "max_tool_calls",
+})
+"""Fields that cannot change what the model produces here: accepted (``max_tool_calls``
+limits built-in tools, which this gateway does not offer)."""
+_INCLUDE_OK = frozenset({"reasoning.encrypted_content"})
+"""``include`` values honoured: reasoning items always carry their text in ``content``."""
+
+
+@dataclass(eq=False)
+class StoredResponse:
+    """A response kept in its session for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
+
+    parent: StoredResponse | None
+    """The response it continued (``previous_response_id``), None for a fresh conversation."""
+    groups: list[Any]
+    """The unit raws it added: its request's input groups, then its output turn (a list of items)."""
+    response: dict[str, Any]
+    """The response object as returned."""
+    size: int
+    """Rough bytes of the whole conversation (sizes a full render, see ``TurnRequest.size``)."""
+
+    def conversation(self) -> list[Any]:
+        """Every unit raw of the conversation up to and including this response's output."""
+        chain: list[StoredResponse] = []
+        node: StoredResponse | None = self
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        return [g for r in reversed(chain) for g in r.groups]
+
+
+@dataclass
+class ResponsesCall:
+    """A parsed ``/v1/responses`` request."""
+
+    req: TurnRequest
+    """What the service runs."""
+    stream: bool
+    """Answer as server-sent events."""
+    store: bool
+    """Keep the response in the session (``previous_response_id``, ``GET``)."""
+    previous: StoredResponse | None
+    """The response ``previous_response_id`` names."""
+    new_groups: list[Any]
+    """This request's input as unit raws (``group_items``)."""
+    echo: dict[str, Any]
+    """Request fields the response object repeats."""
+
+
+def _str_or_none(body: dict[str, Any], key: str) -> str | None:
+    v = body.get(key)
+    if v is not None and not isinstance(v, str):
+        raise bad_request(f"'{key}' must be a string, got {type(v).__name__}", param=key)
+    return v
+
+
+def _refuse(key: str, why: str) -> GatewayError:
+    return bad_request(f"'{key}' {why}", param=key)
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    for key, value in body.items():
+        if key in _USED or key in _NO_EFFECT or value is None:
+            continue
+        if key == "conversation":
+            raise _refuse(key, "is not supported: continue a conversation with previous_response_id")
+        raise _refuse(key, "is not supported by this gateway (docs/gateway.md lists the Responses fields it serves)")
+    if opt_bool(body, "background"):
+        raise _refuse("background", "must be false: responses are answered in the request")
+    if body.get("truncation") not in (None, "disabled"):
+        raise _refuse("truncation", "must be 'disabled': the gateway never drops input (an overlong prompt is a 400)")
+    top_logprobs = opt_int(body, "top_logprobs", minimum=0)
+    if top_logprobs:
+        raise _refuse("top_logprobs", "is not supported on /v1/responses; the trace records every token's logprob")
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+            raise _refuse("include", "must be a list of strings")
+        for v in include:
+            if v not in _INCLUDE_OK:
+                raise _refuse("include", f"holds {v!r}, which this gateway cannot return (it returns {sorted(_INCLUDE_OK)})")
+    text = body.get("text")
+    if text is not None:
+        fmt = text.get("format") if isinstance(text, dict) else None
+        if not isinstance(text, dict) or (fmt is not None and fmt != {"type": "text"}):
+            raise bad_request(
+                "'text.format' must be {'type': 'text'}: the gateway does not constrain decoding to a JSON schema",
+                param="text",
+            )
+        if text.get("verbosity") not in (None, "medium"):
+            raise bad_request("'text.verbosity' cannot be honoured by this model; leave it unset", param="text")
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values()):
+            raise _refuse(
+                "reasoning",
+                "cannot be honoured: the model reasons as its chat template and the session decide; leave it unset",
+            )
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _refuse("stream_options", "must be an object")
+
+
+def _tool_choice(body: dict[str, Any]) -> str:
+    choice = body.get("tool_choice")
+    if choice in (None, "auto"):
+        return "auto"
+    raise _refuse("tool_choice", f"{choice!r:.80} is not honoured on /v1/responses yet; send 'auto' or leave it unset")
+
+
+def _parallel(body: dict[str, Any]) -> bool:
+    v = body.get("parallel_tool_calls")
+    if v is None or v is True:
+        return True
+    if v is False:
+        raise _refuse("parallel_tool_calls", "false is not honoured on /v1/responses yet; leave it unset")
+    raise _refuse("parallel_tool_calls", f"must be true or false, got {type(v).__name__}")
+
+
+def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredResponse]) -> ResponsesCall:
+    """A ``/v1/responses`` body as a ``ResponsesCall``.
+
+    Args:
+        body: The request JSON object.
+        stored: The session's stored responses (``Session.responses``).
+
+    Raises:
+        GatewayError: 400 naming the field that is malformed or cannot be honoured.
+    """
+    _check_fields(body)
+    if "input" not in body or body["input"] in ("", []):
+        raise bad_request("'input' is required: a string or a non-empty list of input items", param="input")
+    instructions = _str_or_none(body, "instructions")
+    prev_id = _str_or_none(body, "previous_response_id")
+    previous = None
+    if prev_id is not None:
+        previous = stored.get(prev_id)
+        if previous is None:
+            raise bad_request(
+                f"previous response {prev_id[:40]!r} is not stored in this session: responses are kept per "
+                "session while it is open, and not at all when created with store=false; send the whole "
+                "conversation as input instead",
+                param="previous_response_id",
+            )
+    new_groups = group_items(body["input"])
+    past = previous.conversation() if previous is not None else []
+    tools = responses_tools(body.get("tools"))
+    req = TurnRequest(
+        units=item_units(instructions, past, new_groups),
+        tools=tools,
+        max_tokens=opt_int(body, "max_output_tokens", minimum=1),
+        temperature=opt_number(body, "temperature", low=0.0, high=2.0),
+        top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),
+        top_k=opt_int(body, "top_k"),
+    )
+    if req.top_k is not None and (req.top_k == 0 or req.top_k < -1):
+        raise bad_request(f"'top_k' must be -1 or >= 1, got {req.top_k}", param="top_k")
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise _refuse("store", f"must be true or false, got {type(store).__name__}")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _refuse("metadata", "must be an object of string keys and values")
+    echo = {
+        "instructions": instructions,
+        "max_output_tokens": req.max_tokens,
+        "metadata": metadata or {},
+        "parallel_tool_calls": _parallel(body),
+        "previous_response_id": prev_id,
+        "temperature": req.temperature,
+        "tool_choice": _tool_choice(body),
+        "tools": body.get("tools") or [],
+        "top_p": req.top_p,
+        "user": body.get("user"),
+    }
+    return ResponsesCall(req, opt_bool(body, "stream"), store is not False, previous, new_groups, echo)
+
+
+def input_error(err: GatewayError, body: dict[str, Any]) -> GatewayError:
+    """``err`` from the service, pointed at the Responses field (``input``, not ``messages``)."""
+    if err.param != "messages":
+        return err
+    if SURROGATE_HINT in err.message:
+        for key in ("instructions", "input", "tools"):
+            where = lone_surrogate(body.get(key))
+            if where is not None:
+                return bad_request(f"{key}{where} {SURROGATE_HINT}", param=key)
+    return GatewayError(err.message, status=err.status, type=err.type, code=err.code, param="input")
+
+
+def _wire_args(args: Any) -> str:
+    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+
+
+def _output_items(result: TurnResult) -> list[dict[str, Any]]:
+    """The output items of a turn: reasoning, then the message, then one item per tool call."""
+    items: list[dict[str, Any]] = []
+    reasoning = getattr(result, "reasoning", None)  # set by a reasoning-aware parser, when there is one
+    if reasoning:
+        items.append({
+            "type": "reasoning", "id": "rs_" + secrets.token_hex(16), "summary": [],
+            "content": [{"type": "reasoning_text", "text": reasoning}], "encrypted_content": None,
+            "status": "completed",
+        })
+    done = "incomplete" if result.finish_reason is FinishReason.LENGTH else "completed"
+    if result.content or not result.tool_calls:
+        items.append({
+            "type": "message", "id": "msg_" + secrets.token_hex(16), "role": "assistant", "status": done,
+            "content": [{"type": "output_text", "text": result.content, "annotations": [], "logprobs": []}],
+        })
+    for call in result.tool_calls:
+        fn = call["function"]
+        items.append({
+            "type": "function_call", "id": "fc_" + secrets.token_hex(16), "call_id": call["id"],
+            "name": fn["name"], "arguments": _wire_args(fn["arguments"]), "status": "completed",
+        })
+    return items
+
+
+def finish_response(
+    stored: dict[str, StoredResponse], call: ResponsesCall, result: TurnResult, model: str
+) -> dict[str, Any]:
+    """The ``response`` object of a finished turn, kept in ``stored`` when ``call.store``."""
+    output = _output_items(result)
+    truncated = result.finish_reason is FinishReason.LENGTH
+    now = int(time.time())
+    response: dict[str, Any] = {
+        "id": "resp_" + secrets.token_hex(24),
+        "object": "response",
+        "created_at": now,
+        "completed_at": now,
+        "status": "incomplete" if truncated else "completed",
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
+        "model": model,
+        "output": output,
+        **call.echo,
+        "reasoning": {"effort": None, "summary": None},
+        "store": call.store,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "background": False,
+        "usage": {
+            "input_tokens": result.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": result.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        },
+    }
+    if call.store:
+        size = call.req.size + len(json.dumps(output))
+        if call.previous is not None:
+            size += call.previous.size
+        stored[response["id"]] = StoredResponse(call.previous, [*call.new_groups, output], response, size)
+    return response
+
+
+def response_stream_events(response: dict[str, Any]) -> list[bytes]:
+    """The SSE frames of a streamed response (the SDKs' event sequence, replayed)."""
+    seq = count()
+
+    def ev(kind: str, **data: Any) -> bytes:
+        payload = {"type": kind, **data, "sequence_number": next(seq)}
+        return b"event: " + kind.encode() + b"\ndata: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+    start = {**response, "status": "in_progress", "output": [], "usage": None,
+             "incomplete_details": None, "completed_at": None}
+    frames = [ev("response.created", response=start), ev("response.in_progress", response=start)]
+    for i, item in enumerate(response["output"]):
+        ref = {"item_id": item["id"], "output_index": i}
+        kind = item["type"]
+        if kind == "function_call":
+            frames.append(ev("response.output_item.added", output_index=i,
+                             item={**item, "arguments": "", "status": "in_progress"}))
+            frames.append(ev("response.function_call_arguments.delta", **ref, delta=item["arguments"]))
+            frames.append(ev("response.function_call_arguments.done", **ref,
+                             arguments=item["arguments"], name=item["name"]))
+        else:
+            frames.append(ev("response.output_item.added", output_index=i,
+                             item={**item, "content": [], "status": "in_progress"}))
+            part = item["content"][0]
+            text = part["text"]
+            prefix = "response.output_text" if kind == "message" else "response.reasoning_text"
+            empty = {**part, "text": ""}
+            frames.append(ev("response.content_part.added", **ref, content_index=0, part=empty))
+            extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+            for k in range(0, len(text), _CHUNK_CHARS):
+                frames.append(ev(prefix + ".delta", **ref, content_index=0, delta=text[k : k + _CHUNK_CHARS], **extra))
+            frames.append(ev(prefix + ".done", **ref, content_index=0, text=text, **extra))
+            frames.append(ev("response.content_part.done", **ref, content_index=0, part=part))
+        frames.append(ev("response.output_item.done", output_index=i, item=item))
+    final = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    frames.append(ev(final, response=response))
+    return frames

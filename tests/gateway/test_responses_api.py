@@ -1,0 +1,276 @@
+"""``POST /v1/responses`` with the real openai SDK and the real OpenAI Agents SDK over HTTP.
+
+The gateway runs on uvicorn (127.0.0.1); only the model is scripted
+(``ScriptedSampler``). Rows are checked as the chat tests check them: the token
+ids equal the template's rendering of the conversation, the mask is 1 exactly
+on the generated tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from core.types import FinishReason, SamplingParams
+from tests.gateway.conftest import CALC_TOOL, Harness
+from tests.gateway.test_openai_sdk import _check_mask_on_generated, _render_ids
+
+CALC_FLAT = {"type": "function", **CALC_TOOL["function"]}
+"""``CALC_TOOL`` as a Responses (flat) tool definition."""
+SYSTEM = "You are a calculator."
+
+
+def _call(expr: str) -> str:
+    payload = json.dumps({"name": "calculator", "arguments": {"expression": expr}})
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def _check_row(h: Harness, sid: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+               replies: list[list[int]]) -> Any:
+    """The session's one row: the template's rendering of ``messages``, trained on ``replies``."""
+    rows = h.call(h.gw.finish_session, sid)
+    assert len(rows) == 1
+    row = rows[0]
+    full = _render_ids(h.tok, messages, tools)
+    assert row.token_ids == full[: len(row.token_ids)]
+    assert h.tok.decode(full[len(row.token_ids) :]) == "\n"
+    _check_mask_on_generated(h, row, replies)
+    assert row.metadata["forks"] == 0 and row.metadata["ill_formed_tool_calls"] == 0
+    return row
+
+
+def _assistant_call(call_id: str, expr: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": {"expression": expr}}}]}
+
+
+def test_tool_loop_full_history_resent(harness: Harness) -> None:
+    """The client resends the whole conversation (its own output items included) each turn."""
+    h = harness
+    replies = [h.reply(_call("12 * 7")), h.reply("The answer is 84.")]
+    h.sampler.push(*replies)
+    sid = h.session(metadata={"rollout_id": "r1"})
+    client = h.openai(sid)
+    first = client.responses.create(model="tiny", instructions=SYSTEM, input="What is 12 * 7?", tools=[CALC_FLAT])
+    assert first.status == "completed" and first.object == "response"
+    (fc,) = first.output
+    assert fc.type == "function_call" and fc.name == "calculator"
+    assert json.loads(fc.arguments) == {"expression": "12 * 7"}
+    assert first.usage is not None and first.usage.output_tokens == len(replies[0])
+    items: list[Any] = [{"role": "user", "content": "What is 12 * 7?"}]
+    items += [o.model_dump(exclude_none=True) for o in first.output]
+    items.append({"type": "function_call_output", "call_id": fc.call_id, "output": "84"})
+    second = client.responses.create(model="tiny", instructions=SYSTEM, input=items, tools=[CALC_FLAT])
+    assert second.output_text == "The answer is 84."
+    assert [o.type for o in second.output] == ["message"]
+
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is 12 * 7?"},
+        _assistant_call(fc.call_id, "12 * 7"),
+        {"role": "tool", "tool_call_id": fc.call_id, "content": "84"},
+        {"role": "assistant", "content": "The answer is 84."},
+    ]
+    row = _check_row(h, sid, messages, [CALC_TOOL], replies)
+    assert row.rollout_id == "r1" and row.metadata["full_renders"] == 1
+    # The second turn was fed the first turn's served tokens verbatim.
+    assert list(h.sampler.calls[1].prompt_token_ids[: row.turns[0].end]) == row.token_ids[: row.turns[0].end]
+
+
+def test_streaming_with_previous_response_id(harness: Harness) -> None:
+    """Streamed turns; the follow-ups send only the new items and ``previous_response_id``."""
+    h = harness
+    replies = [h.reply(_call("2 + 3")), h.reply("Done: " + "5" * 100)]
+    h.sampler.push(*replies)
+    sid = h.session(sampling=SamplingParams(max_tokens=256))
+    client = h.openai(sid)
+    kinds: list[str] = []
+    final = None
+    for event in client.responses.create(
+        model="tiny", instructions=SYSTEM, input=[{"role": "user", "content": [{"type": "input_text", "text": "2+3?"}]}],
+        tools=[CALC_FLAT], stream=True,
+    ):
+        kinds.append(event.type)
+        if event.type == "response.completed":
+            final = event.response
+    assert kinds == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed",
+    ]
+    assert final is not None
+    (fc,) = final.output
+    assert fc.type == "function_call"
+    # The SDK's own stream helper accumulates the events into the final response.
+    with client.responses.stream(
+        model="tiny", instructions=SYSTEM, previous_response_id=final.id, tools=[CALC_FLAT],
+        input=[{"type": "function_call_output", "call_id": fc.call_id, "output": "5"}],
+    ) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        second = stream.get_final_response()
+    assert len(deltas) == 2 and "".join(deltas) == second.output_text == "Done: " + "5" * 100
+    assert second.previous_response_id == final.id
+
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "2+3?"},
+        _assistant_call(fc.call_id, "2 + 3"),
+        {"role": "tool", "tool_call_id": fc.call_id, "content": "5"},
+        {"role": "assistant", "content": "Done: " + "5" * 100},
+    ]
+    row = _check_row(h, sid, messages, [CALC_TOOL], replies)
+    assert row.metadata["full_renders"] == 1 and row.metadata["nonlinear_resets"] == 0
+
+
+def test_store_retrieve_delete_and_store_false(harness: Harness) -> None:
+    h = harness
+    h.push("one", "two", "three")
+    sid, other = h.session(), h.session()
+    client = h.openai(sid)
+    kept = client.responses.create(model="tiny", input="hi")
+    assert kept.store is True
+    assert client.responses.retrieve(kept.id).output_text == "one"
+    cont = client.responses.create(model="tiny", input="more", previous_response_id=kept.id, store=False)
+    assert cont.output_text == "two" and cont.store is False
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(cont.id)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="tiny", input="x", previous_response_id=cont.id)
+    assert exc.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert "store=false" in str(exc.value)
+    # Another session cannot see this session's responses.
+    with pytest.raises(openai.BadRequestError):
+        h.openai(other).responses.create(model="tiny", input="x", previous_response_id=kept.id)
+    client.responses.delete(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+    assert len(h.gw.session(sid).turns) == 2  # store=false turns are still recorded for training
+
+
+def test_max_output_tokens_gives_incomplete(harness: Harness) -> None:
+    h = harness
+    h.push("a long answer that will not fit")
+    sid = h.session()
+    events = list(h.openai(sid).responses.create(model="tiny", input="x", max_output_tokens=3, stream=True))
+    assert events[-1].type == "response.incomplete"
+    resp = events[-1].response
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    row = h.call(h.gw.finish_session, sid)[0]
+    assert row.num_generated == 3 and row.turns[0].finish_reason is FinishReason.LENGTH
+
+
+_BAD: list[tuple[dict[str, Any], str, str]] = [
+    ({}, "input", "required"),
+    ({"input": 3}, "input", "string or a list"),
+    ({"input": [{"type": "web_search_call", "id": "w"}]}, "input", "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input[0].content[0]"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input", "input[0].role"),
+    ({"input": [{"type": "function_call", "name": "f", "call_id": 3, "arguments": "{}"}]}, "input", "input[0]"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools", "function tools only"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice", "not honoured"),
+    ({"input": "x", "parallel_tool_calls": False}, "parallel_tool_calls", "not honoured"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}}, "text", "JSON schema"),
+    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "cannot be honoured"),
+    ({"input": "x", "truncation": "auto"}, "truncation", "disabled"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation", "previous_response_id"),
+    ({"input": "x", "background": True}, "background", "false"),
+    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "cannot return"),
+    ({"input": "x", "top_logprobs": 3}, "top_logprobs", "not supported"),
+    ({"input": "x", "frobnicate": 1}, "frobnicate", "not supported"),
+    ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id", "not stored"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", ">= 1"),
+    ({"input": "x", "temperature": 5}, "temperature", "[0.0, 2.0]"),
+    ({"input": "\ud800"}, "input", "surrogate"),
+]
+
+
+def test_bad_requests_are_400_in_the_openai_envelope(harness: Harness) -> None:
+    h = harness
+    sid = h.session()
+    with httpx.Client(base_url=h.server.base_url, headers={"authorization": f"Bearer {sid}"}) as http:
+        for body, param, words in _BAD:
+            raw = json.dumps(body).encode()
+            r = http.post("/responses", content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (body, r.text)
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and err["param"] == param, (body, err)
+            assert words in err["message"], (body, err["message"])
+        assert http.post("/responses", json={"input": "x"}, headers={"authorization": "Bearer nope"}).status_code == 401
+    assert h.gw.session(sid).turns == [] and h.sampler.calls == []
+
+
+def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> None:
+    """An Agent with one function tool on the Agents SDK's default (Responses) model."""
+    from agents import Agent, RunConfig, Runner, function_tool
+    from agents.models.openai_provider import OpenAIProvider
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from openai import AsyncOpenAI
+
+    h = harness
+    seen: list[str] = []
+
+    @function_tool
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        seen.append(expression)
+        return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - the test's own inputs
+
+    replies = [h.reply(_call("12 * 7")), h.reply(_call("84 + 1")), h.reply("It is 85.")]
+    h.sampler.push(*replies)
+    sid = h.session()
+    agent = Agent(name="calc", instructions=SYSTEM, tools=[calculator], model="tiny")
+
+    async def run(streamed: bool) -> str:
+        client = AsyncOpenAI(base_url=h.server.base_url, api_key=sid, max_retries=0)
+        provider = OpenAIProvider(openai_client=client)
+        assert isinstance(provider.get_model("tiny"), OpenAIResponsesModel)
+        config = RunConfig(model_provider=provider, tracing_disabled=True)
+        try:
+            if streamed:
+                result = Runner.run_streamed(agent, "What is 12 * 7 + 1?", run_config=config)
+                async for _ in result.stream_events():
+                    pass
+            else:
+                result = await Runner.run(agent, "What is 12 * 7 + 1?", run_config=config)
+            return str(result.final_output)
+        finally:
+            await client.close()
+
+    assert asyncio.run(run(streamed=False)) == "It is 85."
+    assert seen == ["12 * 7", "84 + 1"]
+    calls = h.gw.session(sid).root  # the recorded conversation: read the call ids back from the tree
+    ids = []
+    node = calls
+    while node.children:
+        node = node.children[-1]
+        for m in node.canon:
+            ids += [c["id"] for c in m.get("tool_calls", ())]
+    tool = {"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression.",
+        "parameters": calculator.params_json_schema}}
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is 12 * 7 + 1?"},
+        _assistant_call(ids[0], "12 * 7"),
+        {"role": "tool", "tool_call_id": ids[0], "content": "84"},
+        _assistant_call(ids[1], "84 + 1"),
+        {"role": "tool", "tool_call_id": ids[1], "content": "85"},
+        {"role": "assistant", "content": "It is 85."},
+    ]
+    row = _check_row(h, sid, messages, [tool], replies)
+    assert len(row.turns) == 3 and row.metadata["full_renders"] == 1
+
+    # The streamed run: the same loop through Runner.run_streamed.
+    h.sampler.push(*replies)
+    sid = h.session()
+    seen.clear()
+    assert asyncio.run(run(streamed=True)) == "It is 85."
+    assert seen == ["12 * 7", "84 + 1"]
+    assert len(h.gw.session(sid).turns) == 3
+    assert h.call(h.gw.finish_session, sid)[0].metadata["full_renders"] == 1
