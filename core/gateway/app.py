@@ -283,8 +283,8 @@ def build_app(gateway: Gateway) -> HotRoutes:
             raise input_error(err, body) from None
         response = finish_response(s.responses, call, result, gateway.model_id)
         if call.stream:
-            return _sse(response_stream_events(response))
-        return _json(response)
+            return _flagged(_sse(response_stream_events(response)), result)
+        return _flagged(_json(response), result)
 
     def _stored(request: Request) -> tuple[dict[str, Any], str]:
         s = gateway.open_session(_session_id(request))

@@ -32,6 +32,7 @@ from core.gateway.fields import opt_bool, opt_int, opt_number
 from core.gateway.responses_items import group_items, item_units, responses_tools
 from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.toolchoice import openai_tool_choice
 from core.types import FinishReason
 
 __all__ = [
@@ -156,22 +157,6 @@ def _check_fields(body: dict[str, Any]) -> None:
         raise _refuse("stream_options", "must be an object")
 
 
-def _tool_choice(body: dict[str, Any]) -> str:
-    choice = body.get("tool_choice")
-    if choice in (None, "auto"):
-        return "auto"
-    raise _refuse("tool_choice", f"{choice!r:.80} is not honoured on /v1/responses yet; send 'auto' or leave it unset")
-
-
-def _parallel(body: dict[str, Any]) -> bool:
-    v = body.get("parallel_tool_calls")
-    if v is None or v is True:
-        return True
-    if v is False:
-        raise _refuse("parallel_tool_calls", "false is not honoured on /v1/responses yet; leave it unset")
-    raise _refuse("parallel_tool_calls", f"must be true or false, got {type(v).__name__}")
-
-
 def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredResponse]) -> ResponsesCall:
     """A ``/v1/responses`` body as a ``ResponsesCall``.
 
@@ -200,9 +185,11 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
     new_groups = group_items(body["input"])
     past = previous.conversation() if previous is not None else []
     tools = responses_tools(body.get("tools"))
+    choice = openai_tool_choice(body, tools)
     req = TurnRequest(
         units=item_units(instructions, past, new_groups),
         tools=tools,
+        tool_choice=choice,
         max_tokens=opt_int(body, "max_output_tokens", minimum=1),
         temperature=opt_number(body, "temperature", low=0.0, high=2.0),
         top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),
@@ -220,10 +207,10 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
         "instructions": instructions,
         "max_output_tokens": req.max_tokens,
         "metadata": metadata or {},
-        "parallel_tool_calls": _parallel(body),
+        "parallel_tool_calls": choice.parallel,
         "previous_response_id": prev_id,
         "temperature": req.temperature,
-        "tool_choice": _tool_choice(body),
+        "tool_choice": body.get("tool_choice") or "auto",
         "tools": body.get("tools") or [],
         "top_p": req.top_p,
         "user": body.get("user"),

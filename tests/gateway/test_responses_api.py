@@ -165,6 +165,24 @@ def test_max_output_tokens_gives_incomplete(harness: Harness) -> None:
     assert row.num_generated == 3 and row.turns[0].finish_reason is FinishReason.LENGTH
 
 
+def test_tool_choice_and_parallel_tool_calls_are_honoured(harness: Harness) -> None:
+    h = harness
+    two = _call("1 + 1") + "\n" + _call("2 + 2")
+    h.push(two, _call("3 + 3"))
+    sid = h.session(sampling=SamplingParams(max_tokens=256))
+    client = h.openai(sid)
+    one = client.responses.create(model="tiny", input="x", tools=[CALC_FLAT], parallel_tool_calls=False)
+    assert [o.type for o in one.output] == ["function_call"] and one.parallel_tool_calls is False
+    assert json.loads(one.output[0].arguments) == {"expression": "1 + 1"}
+    raw = client.responses.with_raw_response.create(model="tiny", input="y", tools=[CALC_FLAT], tool_choice="none")
+    assert raw.headers["x-tracerl-tool-choice"] == "violated"
+    refused = raw.parse()
+    assert [o.type for o in refused.output] == ["message"] and "<tool_call>" in refused.output_text
+    assert refused.tool_choice == "none"
+    counters = h.gw.session(sid).counters
+    assert counters["tool_calls_dropped"] == 2 and counters["tool_choice_violations"] == 1
+
+
 _BAD: list[tuple[dict[str, Any], str, str]] = [
     ({}, "input", "required"),
     ({"input": 3}, "input", "string or a list"),
@@ -173,8 +191,9 @@ _BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"input": [{"role": "robot", "content": "x"}]}, "input", "input[0].role"),
     ({"input": [{"type": "function_call", "name": "f", "call_id": 3, "arguments": "{}"}]}, "input", "input[0]"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools", "function tools only"),
-    ({"input": "x", "tool_choice": "required"}, "tool_choice", "not honoured"),
-    ({"input": "x", "parallel_tool_calls": False}, "parallel_tool_calls", "not honoured"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice", "offers no tools"),
+    ({"input": "x", "tools": [CALC_FLAT], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "'nope'"),
+    ({"input": "x", "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {}}}}, "text", "JSON schema"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning", "cannot be honoured"),
     ({"input": "x", "truncation": "auto"}, "truncation", "disabled"),
