@@ -8,14 +8,12 @@ option exists without anyone editing ``conf/``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 
-from core.errors import PluginError
 from core.gateway.config import GatewayConfig
 from core.plugins.manager import Plugins
 from core.trainer.config import AlgorithmConfig, TaskConfig, TrainerConfig
@@ -48,28 +46,6 @@ class TrainConfig:
     """Loop length, sizes and guards."""
 
 
-def _node(name: str, kind: str, config: Any) -> DictConfig:
-    node: DictConfig
-    if dataclasses.is_dataclass(config):
-        node = OmegaConf.structured(config)
-    elif isinstance(config, dict | DictConfig):
-        node = OmegaConf.create(config)
-    else:
-        raise PluginError(
-            f"{kind} {name!r}: config must be a dataclass or a dict, got {type(config).__name__}"
-        )
-    declared = node.get("name") if "name" in node else None
-    if declared is None or OmegaConf.is_missing(node, "name"):
-        OmegaConf.set_struct(node, False)
-        node.name = name
-        OmegaConf.set_struct(node, True)
-    elif declared != name:
-        raise PluginError(
-            f"{kind} {name!r} ships a config whose name is {declared!r}; they must match"
-        )
-    return node
-
-
 def register_configs(plugins: Plugins) -> None:
     """Store the schema and every plugin's backend/runtime node in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
@@ -79,7 +55,7 @@ def register_configs(plugins: Plugins) -> None:
         cs.store(
             group="backend",
             name=spec.name,
-            node=_node(spec.name, "backend", spec.config),
+            node=plugins.backends.node(spec.name),
             provider=origin.distribution or origin.plugin,
         )
     for rspec in plugins.runtimes:
@@ -87,6 +63,6 @@ def register_configs(plugins: Plugins) -> None:
         cs.store(
             group="runtime",
             name=rspec.name,
-            node=_node(rspec.name, "runtime", rspec.config),
+            node=plugins.runtimes.node(rspec.name),
             provider=origin.distribution or origin.plugin,
         )

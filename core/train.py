@@ -62,13 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     from core.config import CONFIG_MODULE, PRIMARY_CONFIG, VERSION_BASE, register_configs
     from core.plugins import load_plugins
 
+    plugins = load_plugins()
+    for warning in plugins.warnings():  # a broken plugin this run does not use is not fatal
+        print(f"warning: {warning}", file=sys.stderr)
+    helping = any(a in ("--help", "-h", "--hydra-help", "--info") for a in argv)
     try:
-        plugins = load_plugins()
         register_configs(plugins)
         choices = requested_choices(argv)
-        if "backend" in choices:
+        if "backend" in choices and not helping:
             plugins.backend(choices["backend"])
-        if "runtime" in choices:
+        if "runtime" in choices and not helping:
             plugins.runtime(choices["runtime"])
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     def _hydra_entry(cfg: Any) -> None:
         try:
+            plugins.check_config(cfg)
             result["code"] = _run(cfg, plugins)
         except TracerlError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -1,35 +1,102 @@
-"""``python -m core.plugins``: list installed backends and runtimes with their origin."""
+"""``python -m core.plugins``: list installed backends and runtimes with their origin.
+
+``--check`` is the command a plugin author and a CI job run: it imports every
+plugin, validates every registration and config node, and exits 1 naming each
+broken one. ``new NAME`` writes a working plugin distribution to start from.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import TextIO
 
-from core.errors import PluginError
-from core.plugins.manager import load_plugins
+from core.plugins.manager import DISABLE_ENV, Plugins, debug_enabled, load_plugins
+from core.plugins.registry import PluginProblem
 
 
-def main() -> int:
-    try:
-        plugins = load_plugins()
-    except PluginError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for title, registry in (("backends", plugins.backends), ("runtimes", plugins.runtimes)):
+def _source(plugins: Plugins, group: str, name: str) -> str:
+    registry = plugins.backends if group == "backend" else plugins.runtimes
+    origin = registry.origin(name)
+    if origin.distribution:
+        return f"{origin.distribution} {origin.version}"
+    return f"built in ({origin.plugin})"
+
+
+def _print_problem(problem: PluginProblem, prefix: str, out: TextIO) -> None:
+    print(f"{prefix}{problem.message}", file=out)
+    if problem.detail and debug_enabled():
+        print(problem.detail, file=out)
+
+
+def _listing(plugins: Plugins) -> None:
+    for title, group, registry in (
+        ("backends", "backend", plugins.backends),
+        ("runtimes", "runtime", plugins.runtimes),
+    ):
         print(f"{title}:")
-        if not len(registry):
+        if not len(registry) and not registry.problems():
             print("  (none installed)")
         for spec in registry:
-            origin = registry.origin(spec.name)
-            source = (
-                f"{origin.distribution} {origin.version}"
-                if origin.distribution
-                else f"built in ({origin.plugin})"
-            )
             kind = f" [{spec.kind}]" if hasattr(spec, "kind") else ""
-            line = f"  {spec.name:<12}{kind:<10} {source}"
+            line = f"  {spec.name:<12}{kind:<10} {_source(plugins, group, spec.name)}"
             if spec.description:
                 line += f"  - {spec.description}"
             print(line)
+        for problem in registry.problems():
+            print(f"  {problem.names[0]:<12}{'':<10} BROKEN: {problem.message}")
+    if plugins.load_problems:
+        print("plugins that failed to load:")
+        for problem in plugins.load_problems:
+            _print_problem(problem, "  ", sys.stdout)
+    if plugins.blocked:
+        print(f"blocked by {DISABLE_ENV}:")
+        for blocked in plugins.blocked:
+            print(f"  {blocked.origin.describe()}")
+    for warning in plugins.unmatched_blocks:
+        print(f"warning: {warning}", file=sys.stderr)
+    if plugins.problems and not debug_enabled():
+        print("Run `python -m core.plugins --check` to fail on these; TRACERL_DEBUG=1 shows tracebacks.")
+
+
+def _check(plugins: Plugins) -> int:
+    for problem in plugins.problems:
+        _print_problem(problem, "error: ", sys.stderr)
+    for warning in plugins.unmatched_blocks:
+        print(f"warning: {warning}", file=sys.stderr)
+    if plugins.blocked:
+        names = ", ".join(b.origin.plugin for b in plugins.blocked)
+        print(f"not checked (blocked by {DISABLE_ENV}): {names}")
+    if plugins.problems:
+        culprits = sorted({p.origin.plugin for p in plugins.problems})
+        print(
+            f"{len(plugins.problems)} problem(s) in plugin(s) {', '.join(culprits)}",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"ok: {len(plugins.backends)} backend(s) and {len(plugins.runtimes)} runtime(s); "
+        "every plugin imports and every registration and config node is valid"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (``--check``: 1 when anything is broken)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m core.plugins",
+        description="List installed tracerl backends and runtimes, or check them.",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="import every plugin, validate every registration and config node; exit 1 naming each broken one",
+    )
+    args = parser.parse_args(argv)
+    plugins = load_plugins()
+    if args.check:
+        return _check(plugins)
+    _listing(plugins)
     return 0
 
 

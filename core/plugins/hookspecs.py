@@ -46,7 +46,9 @@ def tracerl_register_backends(registry: BackendRegistry) -> None:
 
     .. versionadded:: 0.1
 
-    Called for every plugin; a name registered twice is an error naming both plugins.
+    Called for every plugin. A name registered twice, or a config whose ``name``
+    differs, is recorded against that name (a run selecting it fails naming the
+    plugins) and listed by ``python -m core.plugins``; other names stay usable.
     """
 
 

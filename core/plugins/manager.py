@@ -3,26 +3,32 @@
 ``load_plugins()`` is the one entry point: it blocks the plugins named in
 ``TRACERL_DISABLE_PLUGINS``, loads the ``tracerl`` entry-point group (unless
 ``TRACERL_DISABLE_PLUGIN_AUTOLOAD`` is set), registers core's own plugins,
-rejects implementations of unknown hooks, and calls the registration hooks
-one plugin at a time so every spec remembers who registered it.
+drops plugins with unknown hooks, and calls the registration hooks one
+plugin at a time so every spec remembers who registered it. A broken plugin
+is recorded, never fatal: commands that do not need it keep working.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pluggy
 
-from core.errors import BackendNotFoundError, PluginError
+from core.errors import BackendNotFoundError, ConfigError, PluginError
 from core.plugins import hookspecs
 from core.plugins.registry import (
     BackendRegistry,
     BackendSpec,
+    PluginProblem,
+    ProblemKind,
     Registration,
     RuntimeRegistry,
     RuntimeSpec,
+    unknown_keys,
 )
 
 ENTRY_POINT_GROUP = "tracerl"
@@ -54,27 +60,71 @@ OWN_ENVIRONMENT: dict[str, str] = {
 }
 
 
+DEBUG_ENVS = ("TRACERL_DEBUG", "HYDRA_FULL_ERROR")
+"""Either set to ``1`` shows the tracebacks of broken plugins."""
+
+
+def debug_enabled() -> bool:
+    """Whether ``TRACERL_DEBUG=1`` (or Hydra's ``HYDRA_FULL_ERROR=1``) asks for tracebacks."""
+    return any(os.environ.get(env, "") not in ("", "0") for env in DEBUG_ENVS)
+
+
+@dataclass(frozen=True)
+class BlockedPlugin:
+    """A plugin that ``TRACERL_DISABLE_PLUGINS`` kept from loading."""
+
+    origin: Registration
+    """Its entry point (or core module) and distribution."""
+
+
 @dataclass
 class Plugins:
-    """The loaded plugin manager with its filled registries (a typed facade)."""
+    """The loaded plugin manager with its filled registries (a typed facade).
+
+    Loading never fails because of one plugin: what broke is in ``problems``
+    (printed as warnings by the commands), and only looking up a name that
+    a broken or blocked plugin would provide raises.
+    """
 
     manager: pluggy.PluginManager
     backends: BackendRegistry
     runtimes: RuntimeRegistry
+    load_problems: list[PluginProblem] = field(default_factory=list)
+    """Plugins that failed to import or to run their hooks (all their names are unavailable)."""
+    blocked: list[BlockedPlugin] = field(default_factory=list)
+    """Plugins blocked by ``TRACERL_DISABLE_PLUGINS``."""
+    unmatched_blocks: list[str] = field(default_factory=list)
+    """Warnings for ``TRACERL_DISABLE_PLUGINS`` entries that match no plugin."""
+
+    @property
+    def problems(self) -> list[PluginProblem]:
+        """Every problem: plugins that did not load, then rejected backend and runtime names."""
+        return [*self.load_problems, *self.backends.problems(), *self.runtimes.problems()]
+
+    def warnings(self) -> list[str]:
+        """One line per problem and per useless ``TRACERL_DISABLE_PLUGINS`` entry, for the console."""
+        lines = [f"{p.message}{_debug_hint(p)}" for p in self.problems]
+        return [*lines, *self.unmatched_blocks]
 
     def backend(self, name: str) -> BackendSpec:
         """The backend registered as ``name``.
 
         Raises:
-            BackendNotFoundError: naming the installed backends and, for an
-                in-tree backend, the ``pip install`` that provides it.
+            PluginError: the plugin providing ``name`` is broken or the name is
+                registered twice; the message names the plugins.
+            BackendNotFoundError: ``name`` is blocked, or not installed (naming the
+                installed backends and, for an in-tree backend, the ``pip install``).
         """
         spec = self.backends.get(name)
         if spec is not None:
             return spec
+        self._raise_if_broken("backend", name)
         installed = tuple(self.backends.names())
         listing = ", ".join(installed) if installed else "none"
-        if name in OWN_ENVIRONMENT:
+        blocked = self._blocked_message("backend", name)
+        if blocked:
+            hint = blocked
+        elif name in OWN_ENVIRONMENT:
             hint = (
                 f"backend {name!r} is provided by the {IN_TREE_BACKENDS[name]!r} distribution, "
                 f"which is not installed here. {OWN_ENVIRONMENT[name]}"
@@ -93,81 +143,275 @@ class Plugins:
                 "docs/plugins.md."
             )
         raise BackendNotFoundError(
-            f"{hint} Installed backends: {listing}.", name=name, installed=installed
+            f"{hint} Installed backends: {listing}.{self._unloaded_note(bool(blocked))}",
+            name=name,
+            installed=installed,
         )
 
     def runtime(self, name: str) -> RuntimeSpec:
-        """The runtime registered as ``name``; raises ``ConfigError`` listing the installed ones."""
+        """The runtime registered as ``name``.
+
+        Raises:
+            PluginError: its plugin is broken or the name is registered twice.
+            ConfigError: ``name`` is blocked or unknown (listing the installed runtimes).
+        """
         spec = self.runtimes.get(name)
-        if spec is None:
-            from core.errors import ConfigError
+        if spec is not None:
+            return spec
+        self._raise_if_broken("runtime", name)
+        blocked = self._blocked_message("runtime", name)
+        hint = blocked or f"unknown runtime {name!r}."
+        raise ConfigError(
+            f"{hint} Installed runtimes: {', '.join(self.runtimes.names()) or 'none'}."
+            f"{self._unloaded_note(bool(blocked))}"
+        )
 
-            raise ConfigError(
-                f"unknown runtime {name!r}. Installed runtimes: "
-                f"{', '.join(self.runtimes.names()) or 'none'}."
+    def check_config(self, cfg: Any) -> None:
+        """Refuse keys in ``cfg.backend`` / ``cfg.runtime`` that their plugin's node lacks.
+
+        Hydra refuses ``backend.log_evry=3`` but accepts ``+backend.log_evry=3``
+        (the ``+`` it suggests adds the key); this catches both.
+
+        Raises:
+            ConfigError: naming each unknown key, the plugin and the valid keys.
+        """
+        import difflib
+
+        errors: list[str] = []
+        for group, registry in (("backend", self.backends), ("runtime", self.runtimes)):
+            given = cfg.get(group) if hasattr(cfg, "get") else None
+            name = str(given.get("name")) if given is not None and hasattr(given, "get") else ""
+            if name not in registry:
+                continue
+            origin = registry.origin(name)
+            for key, valid in unknown_keys(registry.node(name), given, group):
+                leaf = key.rsplit(".", 1)[1]
+                close = difflib.get_close_matches(leaf, valid, n=1)
+                hint = f" Did you mean {key.rsplit('.', 1)[0]}.{close[0]}?" if close else ""
+                errors.append(
+                    f"unknown key {key} (with or without Hydra's '+'): {group} {name!r} from "
+                    f"{origin.describe()} has no such setting.{hint} "
+                    f"Valid keys of {key.rsplit('.', 1)[0]}: {', '.join(valid)}."
+                )
+        if errors:
+            raise ConfigError("\n".join(errors))
+
+    def _raise_if_broken(self, group: str, name: str) -> None:
+        registry = self.backends if group == "backend" else self.runtimes
+        rejected = registry.problems(name)
+        if rejected:
+            raise PluginError(f"{group} {name!r} is unavailable: {rejected[-1].message}")
+        for problem in self.load_problems:
+            if name in problem.names:
+                raise PluginError(
+                    f"{group} {name!r} is unavailable: {problem.message}{_debug_hint(problem)}"
+                )
+
+    def _blocked_message(self, group: str, name: str) -> str:
+        blocked = [b for b in self.blocked if name == b.origin.plugin or name in _BUILTIN_NAMES.get(
+            b.origin.plugin, ()
+        )]
+        if not blocked:
+            return ""
+        return (
+            f"{group} {name!r} is blocked: {DISABLE_ENV} blocks {blocked[0].origin.describe()}, "
+            f"which provides it. Remove {blocked[0].origin.plugin!r} from {DISABLE_ENV} to use it."
+        )
+
+    def _unloaded_note(self, said_blocked: bool) -> str:
+        """Plugins that did not load and might have provided the name asked for."""
+        notes = [f" Maybe it was to come from a plugin that failed: {p.message}" for p in self.load_problems]
+        if self.blocked and not said_blocked:
+            notes.append(
+                f" Blocked by {DISABLE_ENV}: {', '.join(b.origin.plugin for b in self.blocked)}."
             )
-        return spec
+        return "".join(notes)
 
 
-def _blocked_names() -> set[str]:
+# Names core's own plugin modules register, so blocking one explains a missing name.
+_BUILTIN_NAMES: dict[str, tuple[str, ...]] = {"core.runtime.plugin": ("local", "agentcore")}
+
+
+def _debug_hint(problem: PluginProblem) -> str:
+    if not problem.detail:
+        return ""
+    if debug_enabled():
+        return f"\n{problem.detail}"
+    return " Set TRACERL_DEBUG=1 for the traceback."
+
+
+def _blocked_names() -> list[str]:
     raw = os.environ.get(DISABLE_ENV, "")
-    return {n.strip() for n in raw.split(",") if n.strip()}
+    return list(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
 
 
-def _distribution_of(pm: pluggy.PluginManager) -> dict[int, tuple[str, str]]:
-    out: dict[int, tuple[str, str]] = {}
-    for plugin, dist in pm.list_plugin_distinfo():
-        out[id(plugin)] = (dist.metadata["name"], dist.version)
+@dataclass(frozen=True)
+class _EntryPoint:
+    name: str
+    module: str
+    distribution: str
+    version: str
+    load: Callable[[], Any]
+
+
+def _entry_points() -> list[_EntryPoint]:
+    """Every entry point of the group, first distribution wins (as pluggy does)."""
+    import importlib.metadata
+
+    out: dict[str, _EntryPoint] = {}
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != ENTRY_POINT_GROUP or ep.name in out:
+                continue
+            out[ep.name] = _EntryPoint(
+                name=ep.name,
+                module=ep.value,
+                distribution=dist.metadata["name"],
+                version=dist.version,
+                load=ep.load,
+            )
+    return list(out.values())
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame outside the import machinery."""
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")
+    ]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _load_problem(kind: ProblemKind, origin: Registration, what: str, exc: BaseException) -> PluginProblem:
+    detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    return PluginProblem(
+        kind=kind,
+        origin=origin,
+        message=(
+            f"{origin.describe()} {what}: {type(exc).__name__}: {exc}{_where(exc)}. "
+            f"Its backends and runtimes are unavailable; everything else works. "
+            f"Fix or uninstall {origin.distribution or 'it'}, or block it with "
+            f"{DISABLE_ENV}={origin.plugin}."
+        ),
+        names=(origin.plugin,),
+        detail=detail,
+    )
+
+
+def _unknown_hooks(pm: pluggy.PluginManager) -> dict[str, list[str]]:
+    """Plugin name -> hooks it implements that no spec declares."""
+    out: dict[str, list[str]] = {}
+    for hook_name in list(pm.hook.__dict__):
+        if hook_name.startswith("_"):
+            continue
+        caller = getattr(pm.hook, hook_name)
+        if caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if not impl.optionalhook:
+                out.setdefault(impl.plugin_name, []).append(hook_name)
     return out
+
+
+def _match_blocks(
+    blocks: list[str], entry_points: list[_EntryPoint]
+) -> tuple[list[BlockedPlugin], list[str]]:
+    """Which plugins the blocked names hit, and a warning for each name that hits none."""
+    by_name = {ep.name: ep for ep in entry_points}
+    hit: list[BlockedPlugin] = []
+    unmatched: list[str] = []
+    known = sorted({*by_name, *BUILTIN_PLUGINS})
+    for name in blocks:
+        if name in by_name:
+            ep = by_name[name]
+            hit.append(BlockedPlugin(Registration(ep.name, ep.distribution, ep.version, ep.module)))
+            continue
+        if name in BUILTIN_PLUGINS:
+            hit.append(BlockedPlugin(Registration(name, module=name)))
+            continue
+        meant = [
+            ep.name
+            for ep in entry_points
+            if name in (ep.distribution, ep.module, ep.module.split(":")[0].split(".")[0])
+            or name.replace("_", "-") == ep.distribution.replace("_", "-")
+        ]
+        hint = (
+            f"; it looks like the distribution or module of plugin {meant[0]!r}: "
+            f"use {DISABLE_ENV}={meant[0]}"
+            if meant
+            else f"; plugin names are entry-point names: {', '.join(known)}"
+        )
+        unmatched.append(f"{DISABLE_ENV}: {name!r} matches no plugin, so it blocks nothing{hint}")
+    return hit, unmatched
 
 
 def load_plugins(*, extra_plugins: tuple[Any, ...] = ()) -> Plugins:
     """Build the plugin manager and fill the backend and runtime registries.
 
+    One broken plugin does not stop the others: a plugin that fails to import,
+    implements an unknown hook or raises in a hook is dropped and recorded in
+    ``Plugins.load_problems``; a rejected registration is recorded in its
+    registry. Only asking for a name they would provide raises.
+
     Args:
         extra_plugins: Plugin objects to register as well (tests use this).
-
-    Raises:
-        PluginError: a plugin failed to import, implements an unknown hook,
-            or registered an invalid or duplicate name.
     """
+    import importlib
+
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    for name in _blocked_names():
+    blocks = _blocked_names()
+    for name in blocks:
         pm.set_blocked(name)
-
-    import importlib
+    entry_points = _entry_points() if not os.environ.get(NO_AUTOLOAD_ENV) else []
+    blocked, unmatched = _match_blocks(blocks, entry_points)
+    problems: list[PluginProblem] = []
+    origins: dict[str, Registration] = {}
 
     for module_name in BUILTIN_PLUGINS:
         if pm.is_blocked(module_name):
             continue
         pm.register(importlib.import_module(module_name), name=module_name)
-    if not os.environ.get(NO_AUTOLOAD_ENV):
+        origins[module_name] = Registration(plugin=module_name, module=module_name)
+    for ep in entry_points:
+        if pm.is_blocked(ep.name) or pm.get_plugin(ep.name) is not None:
+            continue
+        origin = Registration(ep.name, ep.distribution, ep.version, ep.module)
         try:
-            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+            plugin = ep.load()
         except Exception as exc:  # an import error inside someone's plugin
-            raise PluginError(
-                f"a plugin in the {ENTRY_POINT_GROUP!r} entry-point group failed to load: "
-                f"{type(exc).__name__}: {exc}. Block it with {DISABLE_ENV}=<name> to run without it."
-            ) from exc
+            problems.append(_load_problem("import", origin, "failed to import", exc))
+            continue
+        try:
+            pm.register(plugin, name=ep.name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            problems.append(_load_problem("hooks", origin, "has invalid hooks", exc))
+            continue
+        origins[ep.name] = origin
     for plugin in extra_plugins:
-        pm.register(plugin)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise PluginError(f"invalid tracerl plugin: {exc}") from exc
+        registered = pm.register(plugin)
+        if registered is not None:
+            origins[registered] = Registration(plugin=registered)
+    for plugin_name, hook_names in _unknown_hooks(pm).items():
+        origin = origins.get(plugin_name, Registration(plugin=plugin_name))
+        pm.unregister(name=plugin_name)
+        problems.append(
+            PluginProblem(
+                kind="hooks",
+                origin=origin,
+                message=(
+                    f"{origin.describe()} implements unknown hooks {sorted(hook_names)!r} "
+                    "(a typo, or a hook of a newer tracerl); the plugin is not used. Known hooks: "
+                    f"{', '.join(sorted(n for n in dir(hookspecs) if n.startswith('tracerl_')))}."
+                ),
+                names=(plugin_name,),
+            )
+        )
 
-    dists = _distribution_of(pm)
     backends, runtimes = BackendRegistry(), RuntimeRegistry()
     for plugin_name, plugin in pm.list_name_plugin():
         if plugin is None:  # blocked
             continue
-        dist = dists.get(id(plugin))
-        origin = Registration(
-            plugin=plugin_name,
-            distribution=dist[0] if dist else None,
-            version=dist[1] if dist else None,
-        )
+        origin = origins.get(plugin_name, Registration(plugin=plugin_name))
         others = [p for p in pm.get_plugins() if p is not plugin]
         for hook_name, registry in (
             ("tracerl_register_backends", backends),
@@ -177,11 +421,17 @@ def load_plugins(*, extra_plugins: tuple[Any, ...] = ()) -> Plugins:
             registry._current = origin
             try:
                 caller(registry=registry)
-            except PluginError:
-                raise
             except Exception as exc:
-                raise PluginError(
-                    f"plugin {plugin_name!r} failed in {hook_name}: {type(exc).__name__}: {exc}"
-                ) from exc
+                backends.discard_plugin(plugin_name)
+                runtimes.discard_plugin(plugin_name)
+                problems.append(_load_problem("hooks", origin, f"failed in {hook_name}", exc))
+                break
         backends._current = runtimes._current = replace(origin, plugin="<direct>")
-    return Plugins(manager=pm, backends=backends, runtimes=runtimes)
+    return Plugins(
+        manager=pm,
+        backends=backends,
+        runtimes=runtimes,
+        load_problems=problems,
+        blocked=blocked,
+        unmatched_blocks=unmatched,
+    )

@@ -184,4 +184,6 @@ def compose(overrides: list[str], plugins: Any) -> Any:
     register_configs(plugins)
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=VERSION_BASE):
-        return hydra_compose(config_name=PRIMARY_CONFIG, overrides=overrides)
+        cfg = hydra_compose(config_name=PRIMARY_CONFIG, overrides=overrides)
+    plugins.check_config(cfg)  # unknown backend/runtime keys, '+' or not, as the CLI refuses them
+    return cfg

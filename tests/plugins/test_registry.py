@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -33,7 +34,7 @@ def _module(**hooks: Any) -> ModuleType:
 def _plugin(name: str = "fake", kind: str = "driven") -> ModuleType:
     @hookimpl
     def tracerl_register_backends(registry):  # type: ignore[no-untyped-def]
-        registry.add(BackendSpec(name=name, kind=kind, factory=lambda cfg: None, config=_Cfg))
+        registry.add(BackendSpec(name=name, kind=kind, factory=lambda cfg: None, config=_Cfg(name)))
 
     return _module(tracerl_register_backends=tracerl_register_backends)
 
@@ -52,40 +53,114 @@ def test_extra_plugin_registers_backend() -> None:
     assert plugins.backend("fake").kind == "driven"
 
 
-def test_duplicate_name_names_both_plugins() -> None:
-    with pytest.raises(PluginError, match="registered twice"):
-        load_plugins(extra_plugins=(_plugin("twin"), _plugin("twin")))
+def test_duplicate_name_is_unusable_and_names_both_plugins() -> None:
+    first, second = _plugin("twin"), _plugin("twin")
+    plugins = load_plugins(extra_plugins=(first, second, _plugin("single")))
+    assert plugins.backend("single").name == "single"  # the rest still works
+    with pytest.raises(PluginError, match="registered by plugin") as info:
+        plugins.backend("twin")
+    assert first.__name__ in str(info.value) and second.__name__ in str(info.value)
+    assert f"TRACERL_DISABLE_PLUGINS={second.__name__}" in str(info.value)
+    assert [p.kind for p in plugins.problems] == ["duplicate"]
 
 
-def test_bad_name_is_rejected() -> None:
-    with pytest.raises(PluginError, match="'Bad Name'"):
-        load_plugins(extra_plugins=(_plugin("Bad Name"),))
+def test_third_registration_of_a_name_is_named_too() -> None:
+    plugs = (_plugin("tri"), _plugin("tri"), _plugin("tri"))
+    problems = load_plugins(extra_plugins=plugs).problems
+    assert len(problems) == 1
+    assert all(p.__name__ in problems[0].message for p in plugs)
 
 
-def test_unknown_hook_is_rejected() -> None:
+def test_bad_name_drops_only_that_plugin() -> None:
+    bad = _plugin("Bad Name")
+    plugins = load_plugins(extra_plugins=(bad, _plugin("good")))
+    assert "good" in plugins.backends
+    (problem,) = plugins.problems
+    assert problem.origin.plugin == bad.__name__ and "'Bad Name'" in problem.message
+
+
+def test_config_name_mismatch_is_rejected_at_load_naming_the_plugin() -> None:
+    @hookimpl
+    def tracerl_register_backends(registry):  # type: ignore[no-untyped-def]
+        registry.add(BackendSpec(name="mine", kind="driven", factory=lambda cfg: None, config=_Cfg))
+        registry.add(BackendSpec(name="other", kind="driven", factory=lambda cfg: None, config={}))
+
+    mod = _module(tracerl_register_backends=tracerl_register_backends)
+    plugins = load_plugins(extra_plugins=(mod,))
+    assert "other" in plugins.backends and plugins.backends.node("other").name == "other"
+    with pytest.raises(PluginError) as info:
+        plugins.backend("mine")
+    assert "config whose name is 'fake'" in str(info.value)
+    assert f"plugin {mod.__name__!r}" in str(info.value)
+
+
+def test_bad_kind_and_uncallable_factory_are_rejected() -> None:
+    @hookimpl
+    def tracerl_register_backends(registry):  # type: ignore[no-untyped-def]
+        registry.add(BackendSpec(name="k", kind="drivn", factory=lambda cfg: None, config={}))  # type: ignore[arg-type]
+        registry.add(BackendSpec(name="f", kind="driven", factory="nope", config={}))  # type: ignore[arg-type]
+
+    plugins = load_plugins(extra_plugins=(_module(tracerl_register_backends=tracerl_register_backends),))
+    messages = " ".join(p.message for p in plugins.problems)
+    assert "kind 'drivn'" in messages and "not callable" in messages
+
+
+def test_unknown_hook_drops_the_plugin_naming_the_hook() -> None:
     @hookimpl
     def tracerl_register_everything(registry):  # type: ignore[no-untyped-def]
         pass
 
-    with pytest.raises(PluginError, match="tracerl_register_everything"):
-        load_plugins(extra_plugins=(_module(tracerl_register_everything=tracerl_register_everything),))
+    plugins = load_plugins(extra_plugins=(_module(tracerl_register_everything=tracerl_register_everything),))
+    (problem,) = plugins.problems
+    assert "tracerl_register_everything" in problem.message
+    assert "local" in plugins.runtimes
 
 
-def test_plugin_that_raises_is_named() -> None:
+def test_plugin_that_raises_is_named_and_its_names_dropped() -> None:
+    @hookimpl
+    def tracerl_register_backends(registry):  # type: ignore[no-untyped-def]
+        registry.add(BackendSpec(name="half", kind="driven", factory=lambda cfg: None, config={}))
+
     @hookimpl
     def tracerl_register_runtimes(registry):  # type: ignore[no-untyped-def]
         raise KeyError("boom")
 
-    with pytest.raises(PluginError, match="failed in tracerl_register_runtimes.*boom"):
-        load_plugins(extra_plugins=(_module(tracerl_register_runtimes=tracerl_register_runtimes),))
+    mod = _module(
+        tracerl_register_backends=tracerl_register_backends,
+        tracerl_register_runtimes=tracerl_register_runtimes,
+    )
+    plugins = load_plugins(extra_plugins=(mod, _plugin("half")))
+    (problem,) = plugins.problems
+    assert re.search(r"failed in tracerl_register_runtimes: KeyError: 'boom'", problem.message)
+    assert "Traceback" in problem.detail
+    # its half-done registration is gone, so the other plugin's "half" is no longer a duplicate
+    assert plugins.backends.origin("half").plugin != mod.__name__
 
 
-def test_blocked_plugin_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocked_plugin_is_not_loaded_and_says_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRACERL_DISABLE_PLUGINS", "local")
     plugins = load_plugins()
     assert "local" not in plugins.backends
-    with pytest.raises(BackendNotFoundError, match="pip install -e plugins/local"):
+    assert [b.origin.plugin for b in plugins.blocked] == ["local"]
+    with pytest.raises(BackendNotFoundError, match="backend 'local' is blocked") as info:
         plugins.backend("local")
+    assert "pip install" not in str(info.value)
+
+
+def test_blocking_core_runtime_plugin_says_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACERL_DISABLE_PLUGINS", "core.runtime.plugin")
+    with pytest.raises(ConfigError, match="runtime 'agentcore' is blocked"):
+        load_plugins().runtime("agentcore")
+
+
+def test_block_matching_nothing_warns_with_the_right_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACERL_DISABLE_PLUGINS", "tracerl-local, nosuch")
+    plugins = load_plugins()
+    assert "local" in plugins.backends  # a distribution name blocks nothing
+    first, second = plugins.unmatched_blocks
+    assert "'tracerl-local' matches no plugin" in first and "TRACERL_DISABLE_PLUGINS=local" in first
+    assert "'nosuch' matches no plugin" in second and "local" in second
+    assert plugins.warnings()[-2:] == [first, second]
 
 
 def test_unknown_backend_lists_installed() -> None:

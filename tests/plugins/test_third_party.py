@@ -1,5 +1,7 @@
-"""A third-party backend distribution, pip-installed into a throwaway virtual
-environment, is found by ``python -m core.train`` and ``python -m core.plugins``.
+"""Third-party plugin distributions, pip-installed into one throwaway virtual
+environment, are found by ``python -m core.train`` and ``python -m core.plugins``;
+the broken ones (``tests/fixtures/faulty_plugins``) are named in every message
+about them, and every command that does not need them still runs.
 
 The throwaway venv sees the *running* interpreter's packages through a
 ``.pth`` file that calls ``site.addsitedir`` on each of its site-packages
@@ -16,6 +18,8 @@ wheels on its own.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import site
 import subprocess
@@ -25,14 +29,22 @@ from pathlib import Path
 
 import pytest
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "echo_backend"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+DISTRIBUTIONS = {
+    "echo": FIXTURES / "echo_backend",
+    "faulty": FIXTURES / "faulty_plugins",
+}
+BROKEN = "plugin 'broken' (entry point broken = tracerl_faulty.broken, distribution tracerl-faulty 0.2.0)"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("thirdparty")
-    src = root / "src"
-    shutil.copytree(FIXTURE, src)
+    sources = []
+    for name, fixture in DISTRIBUTIONS.items():  # copied: building writes into the source tree
+        shutil.copytree(fixture, root / name)
+        sources.append(str(root / name))
     env_dir = root / "venv"
     venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
@@ -49,7 +61,7 @@ def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-build-isolation",
             "--disable-pip-version-check",
             "-q",
-            str(src),
+            *sources,
         ],
         capture_output=True,
         text=True,
@@ -78,9 +90,19 @@ def share_site_packages(python: Path) -> Path:
     return pth
 
 
-def _run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    python: Path, *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("TRACERL_DEBUG", "HYDRA_FULL_ERROR")}
     return subprocess.run(
-        [str(python), *args], capture_output=True, text=True, cwd=cwd, timeout=120
+        [str(python), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        # this checkout's core, not whichever tracerl the environment has installed
+        env={**environ, "PYTHONPATH": os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")]),
+             **(env or {})},
     )
 
 
@@ -108,6 +130,8 @@ def test_train_finds_third_party_backend_and_its_config(venv_python: Path, tmp_p
     )
     assert proc.returncode == 0, proc.stderr
     assert "echo backend: bonjour" in proc.stdout
+    # the broken plugins installed beside it cost a warning, not the run
+    assert f"warning: {BROKEN} failed to import" in proc.stderr
     assert json.loads((run_dir / "echo.json").read_text()) == {
         "greeting": "bonjour",
         "max_steps": 7,
@@ -142,3 +166,113 @@ def test_exit_code_of_driving_backend_is_propagated(venv_python: Path, tmp_path:
         cwd=tmp_path,
     )
     assert proc.returncode == 3, proc.stderr
+
+
+@pytest.mark.integration
+def test_listing_names_every_broken_plugin_and_still_lists_the_rest(
+    venv_python: Path, tmp_path: Path
+) -> None:
+    proc = _run(venv_python, "-m", "core.plugins", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"{BROKEN} failed to import: ModuleNotFoundError: No module named 'tracerl_missing_sdk'" in out
+    assert "tracerl_faulty/broken.py:5" in out  # the file and line that failed
+    assert "Traceback" not in out and "TRACERL_DEBUG=1 shows tracebacks" in out
+    misnamed = next(ln for ln in out.splitlines() if ln.strip().startswith("misnamed"))
+    assert "BROKEN" in misnamed and "config whose name is 'misnamd'" in misnamed
+    assert "entry point misnamed = tracerl_faulty.misnamed" in misnamed
+    twin = next(ln for ln in out.splitlines() if ln.strip().startswith("twin"))
+    assert "twin_a = tracerl_faulty.twin_a" in twin and "twin_b = tracerl_faulty.twin_b" in twin
+    assert "TRACERL_DISABLE_PLUGINS=twin_b" in twin
+    assert re.search(r"^\s+local\s+\[driven\]\s+tracerl-local", out, re.M)
+
+
+@pytest.mark.integration
+def test_check_exits_nonzero_naming_each_broken_plugin(venv_python: Path, tmp_path: Path) -> None:
+    proc = _run(venv_python, "-m", "core.plugins", "--check", cwd=tmp_path)
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 3, proc.stderr
+    assert any(BROKEN in e for e in errors)
+    assert any("backend 'misnamed'" in e and "tracerl-faulty 0.2.0" in e for e in errors)
+    assert any("backend 'twin' is registered by" in e for e in errors)
+    assert "in plugin(s) broken, misnamed, twin_b" in proc.stderr
+
+
+@pytest.mark.integration
+def test_check_passes_once_the_broken_ones_are_blocked(venv_python: Path, tmp_path: Path) -> None:
+    proc = _run(
+        venv_python, "-m", "core.plugins", "--check", cwd=tmp_path,
+        env={"TRACERL_DISABLE_PLUGINS": "broken,misnamed,twin_b"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "not checked (blocked by TRACERL_DISABLE_PLUGINS): broken, misnamed, twin_b" in proc.stdout
+
+
+@pytest.mark.integration
+def test_help_runs_with_a_warning_naming_the_broken_plugin(venv_python: Path, tmp_path: Path) -> None:
+    proc = _run(venv_python, "-m", "core.train", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "== Configuration groups ==" in proc.stdout
+    assert f"warning: {BROKEN} failed to import" in proc.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        ("broken", f"backend 'broken' is unavailable: {BROKEN} failed to import: ModuleNotFoundError"),
+        ("misnamed", "backend 'misnamed' is unavailable: plugin 'misnamed' (entry point misnamed = "
+         "tracerl_faulty.misnamed, distribution tracerl-faulty 0.2.0): backend 'misnamed' ships a "
+         "config whose name is 'misnamd'"),
+        ("twin", "backend 'twin' is unavailable: backend 'twin' is registered by plugin 'twin_a'"),
+    ],
+)
+def test_run_selecting_a_broken_backend_fails_naming_it(
+    venv_python: Path, tmp_path: Path, backend: str, expected: str
+) -> None:
+    proc = _run(venv_python, "-m", "core.train", f"backend={backend}", cwd=tmp_path)
+    assert proc.returncode == 2
+    error = next(ln for ln in proc.stderr.splitlines() if ln.startswith("error: "))
+    assert expected in error, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_debug_flag_shows_the_traceback(venv_python: Path, tmp_path: Path) -> None:
+    proc = _run(
+        venv_python, "-m", "core.train", "backend=broken", cwd=tmp_path, env={"TRACERL_DEBUG": "1"}
+    )
+    assert proc.returncode == 2
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "import tracerl_missing_sdk" in proc.stderr
+
+
+@pytest.mark.integration
+def test_blocking_one_twin_makes_the_other_usable(venv_python: Path, tmp_path: Path) -> None:
+    proc = _run(
+        venv_python, "-m", "core.train", "backend=twin", f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path, env={"TRACERL_DISABLE_PLUGINS": "twin_b"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "twin backend from tracerl_faulty.twin_a" in proc.stdout
+
+
+@pytest.mark.integration
+def test_blocked_backend_says_blocked_and_bad_block_names_warn(
+    venv_python: Path, tmp_path: Path
+) -> None:
+    env = {"TRACERL_DISABLE_PLUGINS": "echo,tracerl_faulty.misnamed"}
+    listing = _run(venv_python, "-m", "core.plugins", cwd=tmp_path, env=env)
+    assert listing.returncode == 0, listing.stderr
+    blocked = listing.stdout.split("blocked by TRACERL_DISABLE_PLUGINS:")[1]
+    assert "plugin 'echo' (entry point echo = tracerl_echo.plugin, distribution tracerl-echo 0.0.7)" in blocked
+    assert (
+        "warning: TRACERL_DISABLE_PLUGINS: 'tracerl_faulty.misnamed' matches no plugin, so it blocks "
+        "nothing; it looks like the distribution or module of plugin 'misnamed': use "
+        "TRACERL_DISABLE_PLUGINS=misnamed"
+    ) in listing.stderr
+    run = _run(venv_python, "-m", "core.train", "backend=echo", cwd=tmp_path, env=env)
+    assert run.returncode == 2
+    assert "error: backend 'echo' is blocked: TRACERL_DISABLE_PLUGINS blocks plugin 'echo'" in run.stderr
+    assert "pip install" not in run.stderr
