@@ -224,6 +224,17 @@ def test_bad_requests_are_400_in_the_openai_envelope(harness: Harness) -> None:
     assert h.gw.session(sid).turns == [] and h.sampler.calls == []
 
 
+def _call_ids(h: Harness, sid: str) -> list[str]:
+    """The ids of the tool calls the gateway answered in ``sid`` (its recorded conversation)."""
+    ids: list[str] = []
+    node = h.gw.session(sid).root
+    while node.children:
+        node = node.children[-1]
+        for m in node.canon:
+            ids += [c["id"] for c in m.get("tool_calls", ())]
+    return ids
+
+
 def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> None:
     """An Agent with one function tool on the Agents SDK's default (Responses) model."""
     from agents import Agent, RunConfig, Runner, function_tool
@@ -252,7 +263,10 @@ def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> N
         config = RunConfig(model_provider=provider, tracing_disabled=True)
         try:
             if streamed:
-                result = Runner.run_streamed(agent, "What is 12 * 7 + 1?", run_config=config)
+                # Server-side state: each call sends previous_response_id and only the new items.
+                result = Runner.run_streamed(
+                    agent, "What is 12 * 7 + 1?", run_config=config, auto_previous_response_id=True
+                )
                 async for _ in result.stream_events():
                     pass
             else:
@@ -263,13 +277,7 @@ def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> N
 
     assert asyncio.run(run(streamed=False)) == "It is 85."
     assert seen == ["12 * 7", "84 + 1"]
-    calls = h.gw.session(sid).root  # the recorded conversation: read the call ids back from the tree
-    ids = []
-    node = calls
-    while node.children:
-        node = node.children[-1]
-        for m in node.canon:
-            ids += [c["id"] for c in m.get("tool_calls", ())]
+    ids = _call_ids(h, sid)
     tool = {"type": "function", "function": {
         "name": "calculator", "description": "Evaluate an arithmetic expression.",
         "parameters": calculator.params_json_schema}}
@@ -285,11 +293,17 @@ def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> N
     row = _check_row(h, sid, messages, [tool], replies)
     assert len(row.turns) == 3 and row.metadata["full_renders"] == 1
 
-    # The streamed run: the same loop through Runner.run_streamed.
+    # Streamed, with previous_response_id: the same conversation, the same row.
     h.sampler.push(*replies)
     sid = h.session()
     seen.clear()
     assert asyncio.run(run(streamed=True)) == "It is 85."
     assert seen == ["12 * 7", "84 + 1"]
-    assert len(h.gw.session(sid).turns) == 3
-    assert h.call(h.gw.finish_session, sid)[0].metadata["full_renders"] == 1
+    stored = list(h.gw.session(sid).responses.values())
+    assert [r.response["previous_response_id"] for r in stored] == [None, stored[0].response["id"], stored[1].response["id"]]
+    assert [len(r.groups) for r in stored] == [2, 2, 2]  # each call sent one new item; plus its output
+    ids = _call_ids(h, sid)
+    messages[2], messages[3] = _assistant_call(ids[0], "12 * 7"), {"role": "tool", "tool_call_id": ids[0], "content": "84"}
+    messages[4], messages[5] = _assistant_call(ids[1], "84 + 1"), {"role": "tool", "tool_call_id": ids[1], "content": "85"}
+    row = _check_row(h, sid, messages, [tool], replies)
+    assert row.metadata["full_renders"] == 1 and row.metadata["nonlinear_resets"] == 0
