@@ -252,7 +252,9 @@ def responses_tools(tools: Any) -> list[dict[str, Any]] | None:
             raise bad_request(f"tools[{j}].parameters must be a JSON schema object", param="tools")
         # Chat's key order (name, description, parameters): templates dump tools with tojson.
         fn: dict[str, Any] = {"name": t["name"]}
-        if isinstance(t.get("description"), str):
+        if t.get("description") is not None:
+            if not isinstance(t["description"], str):
+                raise bad_request(f"tools[{j}].description must be a string", param="tools")
             fn["description"] = t["description"]
         fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
         out.append({"type": "function", "function": fn})

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.types import FinishReason, SamplingParams
 from tests.gateway.conftest import CALC_TOOL, Harness
@@ -307,3 +309,57 @@ def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> N
     messages[4], messages[5] = _assistant_call(ids[1], "84 + 1"), {"role": "tool", "tool_call_id": ids[1], "content": "85"}
     row = _check_row(h, sid, messages, [tool], replies)
     assert row.metadata["full_renders"] == 1 and row.metadata["nonlinear_resets"] == 0
+
+
+_leaf = st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=12)
+_any = st.recursive(
+    _leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "refusal", "reasoning_text", "input_image", 3])},
+    optional={"text": _any | st.text(max_size=10), "refusal": _any},
+)
+_item = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning",
+                                 "item_reference", "x", None, 3]),
+        "role": st.sampled_from(["user", "assistant", "system", "developer", "tool", None, 1]),
+        "content": st.lists(_part, max_size=2) | _any,
+        "call_id": _any, "name": _any, "arguments": _any | st.just('{"a": 1}'),
+        "output": _any, "summary": _any,
+    },
+)
+_body = st.fixed_dictionaries(
+    {},
+    optional={
+        "input": st.lists(_item, max_size=4) | _any,
+        "instructions": _any, "tools": st.lists(st.just(CALC_FLAT) | _any, max_size=2) | _any,
+        "tool_choice": _any | st.sampled_from(["auto", "none", "required"]),
+        "parallel_tool_calls": _any, "max_output_tokens": _any, "temperature": _any,
+        "previous_response_id": _any, "store": _any, "stream": st.booleans(), "include": _any,
+        "text": _any, "reasoning": _any, "truncation": _any, "metadata": _any,
+    },
+)
+
+
+def test_fuzzed_bodies_never_get_a_500(harness: Harness) -> None:
+    """Whatever the body, /v1/responses answers 2xx or a 4xx in the OpenAI envelope."""
+    h = harness
+    h.sampler.default = h.reply("ok")
+    sid = h.session(max_context_tokens=0)
+    client = httpx.Client(timeout=10)
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=_body)
+    def check(body: dict[str, Any]) -> None:
+        r = client.post(h.server.base_url + "/responses", json=body, headers={"authorization": f"Bearer {sid}"})
+        assert r.status_code < 500, (body, r.text)
+        if r.status_code >= 400:
+            assert r.json()["error"]["message"], body
+
+    try:
+        check()
+    finally:
+        client.close()
