@@ -14,28 +14,50 @@ import secrets
 from typing import Any
 
 from core.gateway.errors import bad_request
-from core.gateway.fields import opt_bool, opt_int, opt_number, opt_stop
+from core.gateway.fields import (
+    ANTHROPIC_UNHONOURED,
+    opt_bool,
+    opt_int,
+    opt_number,
+    opt_stop,
+    refuse_unhonoured,
+)
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.thinking import AS_IS, Reasoning, anthropic_thinking
 from core.gateway.toolchoice import anthropic_tool_choice
 from core.types import FinishReason
 
 __all__ = ["messages_response", "messages_stream_events", "parse_count_request", "parse_messages_request"]
 
 
-def parse_count_request(body: dict[str, Any]) -> tuple[Units, list[dict[str, Any]] | None]:
-    """(units, tools) of a ``/v1/messages/count_tokens`` body."""
+def parse_count_request(
+    body: dict[str, Any], reasoning: Reasoning = AS_IS
+) -> tuple[Units, list[dict[str, Any]] | None, dict[str, Any] | None]:
+    """(units, tools, template variables) of a ``/v1/messages/count_tokens`` body.
+
+    ``reasoning``: what the model's template offers (``Gateway.reasoning``), which
+    decides whether ``thinking`` can be honoured.
+    """
     if "messages" not in body:
         raise bad_request("'messages' is required: a non-empty list of messages", param="messages")
-    return anthropic_units(body.get("system"), body["messages"]), anthropic_tools(body.get("tools"))
+    refuse_unhonoured(body, ANTHROPIC_UNHONOURED)
+    tools = anthropic_tools(body.get("tools"))
+    anthropic_tool_choice(body, tools)  # checked here too: count_tokens takes the same fields
+    kwargs = anthropic_thinking(body, reasoning, None)
+    return anthropic_units(body.get("system"), body["messages"]), tools, kwargs or None
 
 
-def parse_messages_request(body: dict[str, Any]) -> tuple[TurnRequest, bool]:
+def parse_messages_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tuple[TurnRequest, bool]:
     """(turn request, stream) from a ``/v1/messages`` body."""
-    units, tools = parse_count_request(body)
+    if "messages" not in body:
+        raise bad_request("'messages' is required: a non-empty list of messages", param="messages")
     max_tokens = opt_int(body, "max_tokens", minimum=1)
     if max_tokens is None:
         raise bad_request("'max_tokens' is required (an integer >= 1)", param="max_tokens")
+    refuse_unhonoured(body, ANTHROPIC_UNHONOURED)
+    units, tools = anthropic_units(body.get("system"), body["messages"]), anthropic_tools(body.get("tools"))
+    kwargs = anthropic_thinking(body, reasoning, max_tokens)
     top_k = opt_int(body, "top_k", minimum=1)
     req = TurnRequest(
         units=units,
@@ -46,6 +68,7 @@ def parse_messages_request(body: dict[str, Any]) -> tuple[TurnRequest, bool]:
         top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),
         top_k=top_k,
         stop=opt_stop(body, "stop_sequences"),
+        template_kwargs=kwargs or None,
     )
     return req, opt_bool(body, "stream")
 

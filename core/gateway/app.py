@@ -250,7 +250,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream, include_usage = parse_chat_request(parse_body(raw))
+        req, stream, include_usage = parse_chat_request(parse_body(raw), gateway.reasoning)
         _check_stops(req.stop, "stop", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -262,7 +262,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream = parse_messages_request(parse_body(raw))
+        req, stream = parse_messages_request(parse_body(raw), gateway.reasoning)
         _check_stops(req.stop, "stop_sequences", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -309,8 +309,9 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        units, tools = parse_count_request(parse_body(raw))
-        return _json({"input_tokens": await gateway.count_prompt(sid, units, tools, size=len(raw))})
+        units, tools, kwargs = parse_count_request(parse_body(raw), gateway.reasoning)
+        n = await gateway.count_prompt(sid, units, tools, size=len(raw), template_kwargs=kwargs)
+        return _json({"input_tokens": n})
 
     async def models(request: Request) -> Response:
         return _json(

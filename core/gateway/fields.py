@@ -8,11 +8,13 @@ few fields the gateway uses (the messages are validated as they are converted).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from core.gateway.errors import bad_request
 
-__all__ = ["opt_bool", "opt_int", "opt_number", "opt_stop"]
+__all__ = ["ANTHROPIC_UNHONOURED", "OPENAI_UNHONOURED", "Unhonoured", "opt_bool", "opt_int", "opt_number", "opt_stop",
+           "refuse_unhonoured"]
 
 
 def opt_int(body: dict[str, Any], key: str, *, minimum: int | None = None) -> int | None:
@@ -64,3 +66,88 @@ def opt_stop(body: dict[str, Any], key: str) -> tuple[str, ...]:
     if isinstance(v, list) and all(isinstance(s, str) for s in v):
         return tuple(s for s in v if s)
     raise bad_request(f"'{key}' must be a string or a list of strings", param=key)
+
+
+Unhonoured = dict[str, tuple[Callable[[Any], bool], str]]
+"""Field -> (is the value neutral?, what to do instead): fields that would change what the
+model may produce and that the gateway cannot honour. A neutral value (``0``, ``{}``,
+``"text"``) is accepted; anything else is a 400 naming the field."""
+
+
+def _zero(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == 0
+
+
+def _one(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == 1
+
+
+def _empty(v: Any) -> bool:
+    return v in ({}, [], "", False)
+
+
+def _false(v: Any) -> bool:
+    return v is False
+
+
+_SAMPLER = "the gateway's samplers take a prompt and sampling parameters only; drop it"
+
+OPENAI_UNHONOURED: Unhonoured = {
+    "frequency_penalty": (_zero, _SAMPLER),
+    "presence_penalty": (_zero, _SAMPLER),
+    "logit_bias": (_empty, _SAMPLER),
+    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text" and len(v) == 1,
+                        "structured output (json_object / json_schema) needs constrained decoding, which the "
+                        "gateway's samplers do not do; ask for JSON in the prompt and parse the text"),
+    "functions": (_empty, "the legacy 'functions' field is not supported; send 'tools'"),
+    "function_call": (lambda v: v in ("none", "auto"), "the legacy 'function_call' field is not supported; "
+                      "send 'tool_choice'"),
+    "audio": (_empty, "the model answers in text only"),
+    "modalities": (lambda v: v == ["text"], "the model answers in text only; send ['text'] or drop it"),
+    "web_search_options": (_empty, "the gateway has no web search; drop it"),
+    "verbosity": (_empty, "the model has no verbosity control; drop it"),
+    # vLLM / SGLang extensions clients pass through extra_body
+    "repetition_penalty": (_one, _SAMPLER),
+    "length_penalty": (_one, _SAMPLER),
+    "min_p": (_zero, _SAMPLER),
+    "min_tokens": (_zero, _SAMPLER),
+    "ignore_eos": (_false, "the gateway always stops at the model's end of turn"),
+    "bad_words": (_empty, _SAMPLER),
+    "allowed_token_ids": (_empty, _SAMPLER),
+    "best_of": (_one, "one completion per turn; drop it"),
+    "use_beam_search": (_false, _SAMPLER),
+    "prompt_logprobs": (lambda v: v is None, "prompt logprobs are not returned; the trace has the prompt"),
+    "echo": (_false, "the prompt is not echoed; the trace has it"),
+    "add_generation_prompt": (lambda v: v is True, "the gateway always renders the generation prompt"),
+    "continue_final_message": (_false, "the gateway does not continue a final assistant message"),
+    "chat_template": (_empty, "the gateway renders with the model's own template (gateway config)"),
+    "documents": (_empty, "documents are not rendered; put them in the messages"),
+    "include_stop_str_in_output": (_false, "stop strings are cut from the returned text"),
+    "guided_json": (_empty, "guided decoding is not supported by the gateway's samplers"),
+    "guided_regex": (_empty, "guided decoding is not supported by the gateway's samplers"),
+    "guided_choice": (_empty, "guided decoding is not supported by the gateway's samplers"),
+    "guided_grammar": (_empty, "guided decoding is not supported by the gateway's samplers"),
+    "structured_outputs": (_empty, "guided decoding is not supported by the gateway's samplers"),
+}
+"""OpenAI chat fields that change the output and are refused unless neutral (docs/gateway.md)."""
+
+ANTHROPIC_UNHONOURED: Unhonoured = {
+    "container": (_empty, "the gateway runs no code-execution container; drop it"),
+    "mcp_servers": (_empty, "the gateway connects to no MCP server; give the agent the tools instead"),
+    "context_management": (_empty, "the gateway never edits the context; the trace must be what the model saw"),
+    "output_format": (_empty, "structured output needs constrained decoding, which the gateway's samplers do not do"),
+    "output_config": (_empty, "the gateway has no effort control; drop it"),
+}
+"""Anthropic messages fields that change the output and are refused unless neutral."""
+
+
+def refuse_unhonoured(body: dict[str, Any], table: Unhonoured) -> None:
+    """400 naming the first field of ``table`` that ``body`` sets to a value that is not neutral."""
+    for key, v in body.items():
+        if key not in table:
+            continue
+        neutral, hint = table[key]
+        if v is not None and not neutral(v):
+            raise bad_request(
+                f"'{key}' is not supported by this gateway ({hint}); got {v!r:.60}", param=key
+            )

@@ -14,9 +14,18 @@ import time
 from typing import Any
 
 from core.gateway.errors import bad_request
-from core.gateway.fields import opt_bool, opt_int, opt_number, opt_stop
+from core.gateway.fields import (
+    OPENAI_UNHONOURED,
+    opt_bool,
+    opt_int,
+    opt_number,
+    opt_stop,
+    refuse_unhonoured,
+)
 from core.gateway.messages import openai_tools, openai_units
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning, template_kwargs
+from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import openai_tool_choice
 from core.types import FinishReason
 
@@ -25,8 +34,18 @@ __all__ = ["chat_response", "chat_stream_events", "parse_chat_request"]
 _CHUNK_CHARS = 64
 
 
-def parse_chat_request(body: dict[str, Any]) -> tuple[TurnRequest, bool, bool]:
-    """(turn request, stream, include_usage) from a ``/v1/chat/completions`` body."""
+_STREAM_OPTIONS = {"include_usage", "include_obfuscation"}
+"""Known ``stream_options`` keys (obfuscation pads chunks against side channels; nothing to pad here)."""
+
+_MAX_SEED = 2**63
+
+
+def parse_chat_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tuple[TurnRequest, bool, bool]:
+    """(turn request, stream, include_usage) from a ``/v1/chat/completions`` body.
+
+    ``reasoning``: what the model's template offers (``Gateway.reasoning``), which
+    decides whether ``reasoning_effort`` can be honoured.
+    """
     if "messages" not in body:
         raise bad_request("'messages' is required: a non-empty list of chat messages", param="messages")
     n = opt_int(body, "n")
@@ -37,9 +56,37 @@ def parse_chat_request(body: dict[str, Any]) -> tuple[TurnRequest, bool, bool]:
         max_tokens = opt_int(body, "max_tokens", minimum=1)
     stream = opt_bool(body, "stream")
     options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad_request("'stream_options' must be an object", param="stream_options")
-    include_usage = bool(options and options.get("include_usage") is True)
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad_request("'stream_options' must be an object", param="stream_options")
+        unknown = sorted(set(options) - _STREAM_OPTIONS)
+        if unknown:
+            raise bad_request(
+                f"'stream_options' has unknown keys {unknown}; known: {sorted(_STREAM_OPTIONS)}", param="stream_options"
+            )
+        for key in _STREAM_OPTIONS & options.keys():
+            if not isinstance(options[key], bool | None):
+                raise bad_request(f"'stream_options.{key}' must be true or false", param="stream_options")
+        include_usage = options.get("include_usage") is True
+    refuse_unhonoured(body, OPENAI_UNHONOURED)
+    seed = opt_int(body, "seed")
+    if seed is not None and not -_MAX_SEED <= seed < _MAX_SEED:
+        raise bad_request(f"'seed' must be a 64-bit integer, got {seed}", param="seed")
+    logprobs = opt_bool(body, "logprobs")
+    top = opt_int(body, "top_logprobs", minimum=0)
+    if top is not None:
+        if top > 20:
+            raise bad_request(f"'top_logprobs' must be in [0, 20], got {top}", param="top_logprobs")
+        if not logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        if top > 0:
+            raise bad_request(
+                f"'top_logprobs' is {top}, but the gateway's samplers return only the sampled token's logprob, "
+                "not alternatives; send 0 or drop it",
+                param="top_logprobs",
+            )
+    kwargs = {**template_kwargs(body), **openai_reasoning(body, reasoning)}
     top_k = opt_int(body, "top_k")
     if top_k is not None and (top_k == 0 or top_k < -1):
         raise bad_request(f"'top_k' must be -1 or >= 1, got {top_k}", param="top_k")
@@ -53,6 +100,9 @@ def parse_chat_request(body: dict[str, Any]) -> tuple[TurnRequest, bool, bool]:
         top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),
         top_k=top_k,
         stop=opt_stop(body, "stop"),
+        seed=seed,
+        logprobs=logprobs,
+        template_kwargs=kwargs or None,
     )
     return req, stream, include_usage
 
@@ -89,6 +139,16 @@ def _usage(result: TurnResult) -> dict[str, int]:
     }
 
 
+def _logprobs(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """OpenAI's ``choices[].logprobs`` (no alternatives: ``top_logprobs`` is always empty)."""
+    if entries is None:
+        return None
+    return {
+        "content": [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": []} for e in entries],
+        "refusal": None,
+    }
+
+
 def chat_response(result: TurnResult, model: str) -> dict[str, Any]:
     """The ``chat.completion`` object for a finished turn."""
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
@@ -101,7 +161,8 @@ def chat_response(result: TurnResult, model: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": _finish(result), "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": _finish(result),
+                     "logprobs": _logprobs(result.logprobs)}],
         "usage": _usage(result),
     }
 
@@ -120,7 +181,12 @@ def chat_stream_events(result: TurnResult, model: str, include_usage: bool) -> l
         frames.append(frame([{"index": 0, "delta": {"content": text[i : i + _CHUNK_CHARS]}, "finish_reason": None}]))
     for i, call in enumerate(_wire_calls(result)):
         frames.append(frame([{"index": 0, "delta": {"tool_calls": [{"index": i, **call}]}, "finish_reason": None}]))
-    frames.append(frame([{"index": 0, "delta": {}, "finish_reason": _finish(result)}]))
+    # All logprobs ride on the finish chunk (the content chunks are cut by characters,
+    # not tokens); the SDKs concatenate a choice's logprobs across chunks.
+    finish: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": _finish(result)}
+    if result.logprobs is not None:
+        finish["logprobs"] = _logprobs(result.logprobs)
+    frames.append(frame([finish]))
     if include_usage:
         frames.append(frame([], usage=_usage(result)))
     frames.append(b"data: [DONE]\n\n")

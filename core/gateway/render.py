@@ -26,6 +26,7 @@ back to full renders and counts it.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -176,6 +177,19 @@ class ChatRenderer:
         # strftime_now) flattened once: Template.render merges their ChainMap into a new dict
         # on every call, about a quarter of a tail render.
         self._globals: dict[str, Any] = dict(self._compiled.globals) if self._compiled is not None else {}
+
+    def with_kwargs(self, extra: dict[str, Any]) -> ChatRenderer:
+        """A renderer whose template also sees ``extra`` (a request's ``enable_thinking`` ...).
+
+        Shares this one's tokenizer, compiled template and length bound (the costly
+        parts); has its own anchor cache, since the variables may change the anchor.
+        """
+        clone = copy.copy(self)
+        clone.kwargs = {**self.kwargs, **extra}
+        clone._anchor_cache = OrderedDict()
+        clone._anchor_chars = 0
+        clone._anchor_lock = threading.Lock()
+        return clone
 
     # ------------------------------------------------------------------ text
 

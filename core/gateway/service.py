@@ -20,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -59,6 +62,8 @@ from core.gateway.render import (
 )
 from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session, new_session_id
+from core.gateway.thinking import template_reasoning
+from core.gateway.tokentext import TokenLogprob, TokenText
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
 from core.gateway.toolparse import ParsedOutput, get_parser
 from core.interfaces import Sampler
@@ -73,6 +78,9 @@ _R = TypeVar("_R")
 
 RENDER_THREADS = 2
 """Worker threads for large renders (``Gateway._render``), per gateway."""
+
+RENDER_VARIANTS = 8
+"""Renderers kept for requests' own template variables (``Gateway.renderer_for``)."""
 
 
 @dataclass
@@ -92,6 +100,12 @@ class TurnRequest:
     """Extra stop strings."""
     tool_choice: ToolChoice = AUTO
     """Which parsed calls the reply may return (``core.gateway.toolchoice``)."""
+    seed: int | None = None
+    """The client's seed, mixed into the call's seed (``call_seed``)."""
+    logprobs: bool = False
+    """Return each sampled token's logprob (``TurnResult.logprobs``)."""
+    template_kwargs: dict[str, Any] | None = None
+    """Template variables for this request only (``core.gateway.thinking``)."""
     size: int = 0
     """Bytes of the request body; a full render of a body of ``GatewayConfig.render_offload_chars``
     or more runs in a worker thread."""
@@ -113,6 +127,8 @@ class TurnResult:
     """The stop string that ended the turn, if one did."""
     tool_choice_violated: bool = False
     """The model did not follow the request's ``tool_choice`` (``toolchoice.enforce``)."""
+    logprobs: list[TokenLogprob] | None = None
+    """When asked for: every sampled token but the end-of-turn token that closed the turn."""
 
 
 def _check_sampler(sampler: Any) -> Sampler:
@@ -155,6 +171,10 @@ class Gateway:
             raise ConfigError(f"gateway.history_mode is {self.config.history_mode!r}; choose one of {HISTORY_MODES}")
         self.model_id = model_id
         self.renderer = ChatRenderer(tokenizer, self.config.chat_template_kwargs)
+        self._token_text = TokenText(tokenizer)
+        self.reasoning = template_reasoning(self.renderer.template or "")
+        """The template's reasoning switches (what ``thinking`` / ``reasoning_effort`` may ask)."""
+        self._variants: OrderedDict[str, ChatRenderer] = OrderedDict()
         self.tool_parser_name, self._parse = get_parser(self.config.tool_parser, self.renderer.template or "")
         self._sampler = _check_sampler(sampler)
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
@@ -299,7 +319,13 @@ class Gateway:
     # ------------------------------------------------------------------ turns
 
     async def count_prompt(
-        self, sid: str, units: Sequence[Unit], tools: list[dict[str, Any]] | None, *, size: int = 0
+        self,
+        sid: str,
+        units: Sequence[Unit],
+        tools: list[dict[str, Any]] | None,
+        *,
+        size: int = 0,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> int:
         """What ``count_tokens`` answers for session ``sid``: the prompt's tokens rendered from
         scratch, under the same budget as a turn (400 ``context_length_exceeded`` when it
@@ -307,11 +333,30 @@ class Gateway:
         s = self.open_session(sid)
         messages = [m for u in units for m in u.canon()]
         limit = s.max_context_tokens - 1 if s.max_context_tokens else None
-        n: int = await self._render(s, units, tools, size, self.renderer.count, messages, tools, limit=limit)
+        renderer = self.renderer_for(template_kwargs)
+        n: int = await self._render(s, units, tools, size, renderer.count, messages, tools, limit=limit)
         if limit is not None and n > limit:
             s.counters["context_length_exceeded"] += 1
             raise context_length_exceeded(n, s.max_context_tokens)
         return n
+
+    def renderer_for(self, template_kwargs: dict[str, Any] | None) -> ChatRenderer:
+        """The renderer for a request's template variables (the gateway's own when none);
+        the last ``RENDER_VARIANTS`` variants are kept."""
+        if not template_kwargs:
+            return self.renderer
+        try:
+            key = json.dumps(template_kwargs, sort_keys=True)
+        except (TypeError, ValueError):
+            raise bad_request("'chat_template_kwargs' must hold JSON values", param="chat_template_kwargs") from None
+        renderer = self._variants.get(key)
+        if renderer is None:
+            renderer = self._variants[key] = self.renderer.with_kwargs(template_kwargs)
+            while len(self._variants) > RENDER_VARIANTS:
+                self._variants.popitem(last=False)
+        else:
+            self._variants.move_to_end(key)
+        return renderer
 
     async def _render(
         self,
@@ -393,6 +438,7 @@ class Gateway:
         tokenization; large renders run off the event loop (``_render``).
         """
         limit = s.max_context_tokens - 1 if s.max_context_tokens else None
+        renderer = self.renderer_for(req.template_kwargs)
         cached = s.matched if s.matched is not None and s.matched.version == s.tree_version else None
         path = match_path(s.root, req.units, cached if self._reuse_matches else None)
         k = len(path)
@@ -431,10 +477,10 @@ class Gateway:
             tail = [m for node in path[gen + 1 :] for m in node.canon]
             tail += [m for u in req.units[k:] for m in u.canon()]
             size = sum(_message_chars(m) for m in tail)
-            size += self.renderer.anchor_chars(req.tools, default=req.size)
+            size += renderer.anchor_chars(req.tools, default=req.size)
             try:
                 delta = await self._render(
-                    s, req.units, req.tools, size, self.renderer.render_continuation, tail, req.tools, parent.emitted_closer,
+                    s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, parent.emitted_closer,
                     limit=None if limit is None else limit - parent.end, already=parent.end,
                 )
             except TailUnsupported:
@@ -445,7 +491,7 @@ class Gateway:
         s.counters["full_renders"] += 1
         messages = [m for u in req.units for m in u.canon()]
         prompt = await self._render(
-            s, req.units, req.tools, req.size, self.renderer.render_prompt, messages, req.tools, limit=limit
+            s, req.units, req.tools, req.size, renderer.render_prompt, messages, req.tools, limit=limit
         )
         return prompt, None, False, path, k, mark
 
@@ -489,8 +535,9 @@ class Gateway:
             # concurrent turns of one session (best-of-N, parallel sub-calls) must not share it.
             call = s.sampler_calls
             s.sampler_calls += 1
-            if params.seed is not None and call:
-                params = dataclasses.replace(params, seed=turn_seed(params.seed, call))
+            seed = call_seed(params.seed, req.seed, call)
+            if seed != params.seed:
+                params = dataclasses.replace(params, seed=seed)
             result = await self._sample(s, prompt, params)
             if s.closed:
                 raise session_closed(f"session {_redact(sid)} was finished while this turn was being generated")
@@ -583,6 +630,7 @@ class Gateway:
                 "temperature": params.temperature,
                 "top_p": params.top_p,
                 "top_k": params.top_k,
+                "seed": params.seed,
             },
             parent=parent,
             emitted_closer=emitted,
@@ -621,6 +669,7 @@ class Gateway:
             ill_formed=parsed.ill_formed,
             stop_string=stop_string,
             tool_choice_violated=reply.violated,
+            logprobs=self._token_text.logprobs(body, result.logprobs[: len(body)]) if req.logprobs else None,
         )
 
 
@@ -677,6 +726,25 @@ def _background_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + 10))
     except (AttributeError, OSError):  # not Linux, or not allowed: normal priority
         return
+
+
+def call_seed(session_seed: int | None, client_seed: int | None, call: int) -> int | None:
+    """Seed of a session's sampler call ``call`` (0-based, counted when the call starts).
+
+    Without a client seed: ``turn_seed(session_seed, call)`` (None when the session
+    is unseeded). With one (OpenAI ``seed``), it feeds in deterministically: a seeded
+    session uses ``turn_seed(mix(session_seed, client_seed), call)``, so rollouts of a
+    group (each session seeded apart, as the training loop does) still sample apart
+    when their agent hard-codes ``seed=42``; an unseeded session takes the client's
+    seed as its session seed, ``turn_seed(client_seed mod 2**63, call)``, so the same
+    agent run against fresh sessions reproduces its samples.
+    """
+    if client_seed is None:
+        return None if session_seed is None else turn_seed(session_seed, call)
+    if session_seed is None:
+        return turn_seed(client_seed % 2**63, call)
+    digest = hashlib.blake2b(f"{session_seed}:{client_seed}".encode(), digest_size=8).digest()
+    return turn_seed(int.from_bytes(digest, "big") % 2**63, call)
 
 
 def turn_seed(seed: int, turn: int) -> int:

@@ -135,7 +135,7 @@ def test_sampling_precedence_session_wins_unless_overrides_allowed(harness: Harn
     assert (p_free.temperature, p_free.top_p, p_free.max_tokens) == (0.2, 0.5, 8)
     assert h.gw.session(locked).counters["sampling_overrides_ignored"] == 1
     row = h.call(h.gw.finish_session, locked)[0]
-    assert row.metadata["turn_params"] == [{"max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": -1}]
+    assert row.metadata["turn_params"] == [{"max_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "seed": None}]
 
 
 def test_max_tokens_cuts_and_marks_truncated(harness: Harness) -> None:

@@ -16,6 +16,9 @@ import openai
 import pytest
 
 from core.gateway.app import TOOL_CHOICE_HEADER
+from core.gateway.service import call_seed, turn_seed
+from core.gateway.tokentext import TokenText, _byte_table
+from core.samplers.scripted import fake_logprob
 from core.types import SamplingParams
 from tests.gateway.conftest import CALC_TOOL, Harness
 
@@ -207,3 +210,200 @@ def test_anthropic_tool_choice_is_honoured(harness: Harness) -> None:
     meta = _session_meta(h, sid)
     assert meta["tool_choice_violations"] == 3  # none + a call, named + a call to another tool, any + text
     assert meta["tool_calls_dropped"] == 3
+
+
+# ---------------------------------------------------------------- seed, logprobs, stream_options
+
+
+def test_openai_seed_feeds_the_sampler_deterministically(harness: Harness) -> None:
+    h = harness
+    h.sampler.default = h.reply("ok")
+    unseeded = h.openai(h.session())
+    for _ in range(2):
+        unseeded.chat.completions.create(model="tiny", messages=USER, seed=7)
+    assert [c.params.seed for c in h.sampler.calls] == [call_seed(None, 7, 0), call_seed(None, 7, 1)] == [
+        7, turn_seed(7, 1)
+    ]
+    # Seeded sessions (the training loop seeds each rollout's): the client seed is mixed in.
+    seeds = []
+    for session_seed in (100, 100, 101):
+        sid = h.session(sampling=SamplingParams(max_tokens=64, seed=session_seed))
+        h.openai(sid).chat.completions.create(model="tiny", messages=USER, seed=7)
+        seeds.append(h.sampler.calls[-1].params.seed)
+        assert h.call(h.gw.finish_session, sid)[0].metadata["turn_params"][0]["seed"] == seeds[-1]
+    assert seeds[0] == seeds[1] == call_seed(100, 7, 0)
+    assert len({seeds[0], seeds[2], 100, 7}) == 4
+    with pytest.raises(openai.BadRequestError) as exc:
+        unseeded.chat.completions.create(model="tiny", messages=USER, seed=2**64)
+    _openai_400(exc, "seed")
+
+
+def test_openai_logprobs_are_the_sampled_tokens(harness: Harness) -> None:
+    h = harness
+    text = "Four, I think."
+    h.push(text, text)
+    client = h.openai(h.session())
+    resp = client.chat.completions.create(model="tiny", messages=USER, logprobs=True, top_logprobs=0)
+    ids = h.reply(text)[:-1]  # the end-of-turn token is the turn's closer, not content
+    content = (resp.choices[0].logprobs and resp.choices[0].logprobs.content) or []
+    assert [e.logprob for e in content] == [fake_logprob(t, i) for i, t in enumerate(ids)]
+    assert b"".join(bytes(e.bytes or []) for e in content).decode() == text
+    assert "".join(e.token for e in content) == text and all(e.top_logprobs == [] for e in content)
+    stream = client.chat.completions.create(model="tiny", messages=USER, logprobs=True, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    h.push(text)
+    assert client.chat.completions.create(model="tiny", messages=USER).choices[0].logprobs is None
+    for kw in ({"logprobs": True, "top_logprobs": 2}, {"top_logprobs": 0}):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model="tiny", messages=USER, **kw)  # type: ignore[call-overload]
+        _openai_400(exc, "top_logprobs")
+
+
+def test_token_bytes_survive_characters_split_across_tokens(byte_tokenizer: Any) -> None:
+    """A token holding part of a UTF-8 character reports its own bytes, not U+FFFD's."""
+    text = TokenText(byte_tokenizer)
+    table = {v: k for k, v in _byte_table().items()}
+    piece = "".join(table[b] for b in "é".encode())  # one byte-level token string per byte
+    ids = [i for i in (byte_tokenizer.convert_tokens_to_ids(c) for c in piece) if i is not None]
+    unk = getattr(byte_tokenizer, "unk_token_id", None)
+    if len(ids) == 2 and unk not in ids:
+        out = text.logprobs(ids, [-0.5, -0.25])
+        assert [e.bytes for e in out] == [[0xC3], [0xA9]]
+    else:  # the tiny vocabulary lacks these bytes: check the table on its own
+        assert bytes(_byte_table()[c] for c in piece) == "é".encode()
+
+
+def test_openai_stream_options(harness: Harness) -> None:
+    h = harness
+    h.sampler.default = h.reply("ok")
+    client = h.openai(h.session())
+    chunks = list(client.chat.completions.create(model="tiny", messages=USER, stream=True))
+    assert all(c.usage is None for c in chunks)
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=USER, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    for options in ({"include_usage": True, "include_everything": True}, {"include_usage": "yes"}):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(
+                model="tiny", messages=USER, stream=True, stream_options=options  # type: ignore[arg-type]
+            )
+        _openai_400(exc, "stream_options")
+
+
+# ---------------------------------------------------------------- reasoning switches, refused fields
+
+QWEN3_LIKE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+"""A minimal template with Qwen3's thinking switch (written here, not copied from a model)."""
+NO_THINK = "<think>\n\n</think>\n\n"
+
+
+def test_thinking_switch_follows_the_request(make_harness: Any) -> None:
+    from core.tokenizer import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = QWEN3_LIKE
+    h = make_harness(tokenizer=tok)
+    h.sampler.default = h.reply("ok")
+    sid = h.session(sampling=SamplingParams(max_tokens=4096))
+    anth = h.anthropic(sid)
+    msgs: list[Any] = [{"role": "user", "content": "hi"}]
+    anth.messages.create(model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "disabled"})
+    anth.messages.create(
+        model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    anth.messages.create(model="tiny", max_tokens=2048, messages=msgs)
+    oai = h.openai(sid)
+    oai.chat.completions.create(model="tiny", messages=msgs, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    oai.chat.completions.create(model="tiny", messages=msgs, reasoning_effort="none")  # type: ignore[arg-type]
+    prompts = [h.tok.decode(c.prompt_token_ids) for c in h.sampler.calls]
+    assert [p.endswith(NO_THINK) for p in prompts] == [True, False, False, True, True]
+    assert all(p.endswith("<|im_start|>assistant\n" + (NO_THINK if i in (0, 3, 4) else "")) for i, p in enumerate(prompts))
+    # count_tokens renders with the same switch.
+    off = anth.messages.count_tokens(model="tiny", messages=msgs, thinking={"type": "disabled"}).input_tokens
+    on = anth.messages.count_tokens(
+        model="tiny", messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
+    ).input_tokens
+    assert off - on == len(tok.encode(NO_THINK, add_special_tokens=False))
+    with pytest.raises(openai.BadRequestError) as exc:
+        oai.chat.completions.create(model="tiny", messages=msgs, reasoning_effort="high")  # type: ignore[arg-type]
+    _openai_400(exc, "reasoning_effort")
+    with pytest.raises(anthropic.BadRequestError) as aexc:
+        anth.messages.create(
+            model="tiny", max_tokens=1024, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+    _anthropic_400(aexc, "thinking")  # the budget must be below max_tokens, as Anthropic requires
+
+
+def test_thinking_on_a_template_without_reasoning_is_refused(harness: Harness) -> None:
+    h = harness
+    h.sampler.default = h.reply("ok")
+    sid = h.session()
+    anth = h.anthropic(sid)
+    msgs: list[Any] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        anth.messages.create(
+            model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+    _anthropic_400(exc, "thinking")
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        anth.messages.count_tokens(model="tiny", messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024})
+    _anthropic_400(exc, "thinking")
+    # Turning off what the template never does is honoured trivially.
+    assert anth.messages.create(model="tiny", max_tokens=64, messages=msgs, thinking={"type": "disabled"}).content
+    with pytest.raises(openai.BadRequestError) as oexc:
+        h.openai(sid).chat.completions.create(model="tiny", messages=USER, reasoning_effort="low")
+    _openai_400(oexc, "reasoning_effort")
+
+
+REFUSED_OPENAI = [
+    ("frequency_penalty", 0.5),
+    ("presence_penalty", -1),
+    ("logit_bias", {"42": 5}),
+    ("response_format", {"type": "json_object"}),
+    ("functions", [{"name": "f", "parameters": {}}]),
+    ("modalities", ["text", "audio"]),
+    ("repetition_penalty", 1.2),
+    ("guided_json", {"type": "object"}),
+    ("chat_template_kwargs", {"tools": []}),
+]
+
+
+def test_openai_fields_that_cannot_be_honoured_are_400(harness: Harness) -> None:
+    h = harness
+    client = h.openai(h.session())
+    for field, value in REFUSED_OPENAI:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model="tiny", messages=USER, extra_body={field: value})
+        _openai_400(exc, field)
+    assert h.sampler.calls == []
+
+
+def test_neutral_and_metadata_fields_are_accepted(harness: Harness) -> None:
+    h = harness
+    h.sampler.default = h.reply("ok")
+    sid = h.session()
+    resp = h.openai(sid).chat.completions.create(
+        model="tiny", messages=USER, frequency_penalty=0, presence_penalty=0.0, logit_bias={},
+        response_format={"type": "text"}, user="u1", metadata={"k": "v"}, store=False, service_tier="auto",
+        modalities=["text"], extra_body={"repetition_penalty": 1.0, "prompt_cache_key": "x"},
+    )
+    assert resp.choices[0].message.content == "ok"
+    msg = h.anthropic(sid).messages.create(
+        model="tiny", max_tokens=64, messages=[{"role": "user", "content": "hi"}], metadata={"user_id": "u1"},
+        service_tier="auto",
+    )
+    assert msg.content[0].type == "text"
+    for field, value in (("mcp_servers", [{"type": "url", "url": "http://x", "name": "x"}]),
+                         ("context_management", {"edits": [{"type": "clear_tool_uses_20250919"}]})):
+        with pytest.raises(anthropic.BadRequestError) as exc:
+            h.anthropic(sid).messages.create(
+                model="tiny", max_tokens=64, messages=[{"role": "user", "content": "hi"}], extra_body={field: value}
+            )
+        _anthropic_400(exc, field)
