@@ -53,7 +53,10 @@ def _run(cfg: Any, plugins: Any) -> int:
         return int(backend.run(cfg))
     from core.trainer import run_training
 
-    return run_training(cfg, plugins)
+    code = run_training(cfg, plugins)
+    if code == 0:
+        print(f"see what the agents did: python -m core.view {cfg.run_dir}", flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

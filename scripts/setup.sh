@@ -18,3 +18,15 @@ $PIP -e ".${EXTRAS}" -e "$LOCAL" -e plugins/tinker -e plugins/sagemaker -e plugi
 # sagemaker-train requires mlflow ..., which is not installed" (a warning about
 # the dependencies deliberately left out, not a failure; `pip check` says the same).
 $PIP --no-deps "sagemaker-train==1.27.0"
+# The viewer's browser tests (tests/view/test_browser.py) drive a real headless
+# Chromium: Debian's chromium and chromium-driver, installed here where apt can
+# (as root). Without them those tests are skipped and say why.
+if [[ "${1:-}" == "test" ]] && ! command -v chromedriver >/dev/null 2>&1; then
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 \
+      || echo "setup.sh: apt-get could not install chromium chromium-driver; the viewer's browser tests will be skipped" >&2
+  else
+    echo "setup.sh: no chromedriver; install chromium and chromium-driver to run the viewer's browser tests" >&2
+  fi
+fi

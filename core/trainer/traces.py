@@ -85,7 +85,8 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
 
     ``root`` is ``Session.root`` (nodes with ``canon``, ``turn`` and ``children``),
     ``turns`` is ``Session.turns``; a node's ``turn`` is the index of its generated
-    turn there, or None for messages the agent sent. Read before the session is
+    turn there (with that turn's ``weight_version`` and ``finish_reason``), or None
+    for messages the agent sent. Read before the session is
     dropped; the message dicts are shared, not copied (the session is gone after).
     """
     index = {id(t): i for i, t in enumerate(turns)}
@@ -94,8 +95,12 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
     while stack:
         node, parent = stack.pop()
         me = len(out)
-        turn = index.get(id(node.turn)) if node.turn is not None else None
-        out.append({"parent": parent, "messages": node.canon, "turn": turn})
+        entry: dict[str, Any] = {"parent": parent, "messages": node.canon, "turn": None}
+        if node.turn is not None:
+            entry["turn"] = index.get(id(node.turn))
+            entry["weight_version"] = node.turn.weight_version
+            entry["finish_reason"] = str(node.turn.finish_reason)
+        out.append(entry)
         stack.extend((child, me) for child in reversed(node.children))
     return out
 

@@ -201,3 +201,4 @@ def test_conversation_tree_keeps_forks_and_turn_indices() -> None:
     assert [(n["parent"], n["messages"][0]["content"], n["turn"]) for n in tree] == [
         (-1, "hi", None), (0, "a", 0), (1, "b", None), (2, "bb", 1), (1, "c", None), (4, "cc", 2),
     ]
+    assert tree[3]["weight_version"] == 0 and tree[3]["finish_reason"] == "stop"

@@ -1,0 +1,200 @@
+"""What the viewer page asks for, read from a run directory (while it trains, too).
+
+``RunData`` answers three questions, each a JSON-able dict: the run's overview
+(``metrics.jsonl`` plus which steps have traces), one stored step's rollouts in
+summary, and one rollout in full (rows with every token's id, text, mask and
+logprob). Trace files are re-read when they change on disk, so a page refresh
+sees the steps a running training wrote since.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+from core.trainer.metrics import read_metrics
+from core.trainer.traces import (
+    KINDS,
+    TRACES_DIR,
+    StepTraces,
+    list_traces,
+    read_traces,
+    rows_of,
+    trace_path,
+)
+from core.types import RolloutStatus
+
+_CACHE_FILES = 6
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def find_run_dir(path: Path) -> Path:
+    """``path`` itself when it is a run directory, else a clear error.
+
+    A run directory holds ``metrics.jsonl`` or ``traces/``. Pointed at a folder of
+    runs (``outputs/``), the error names the newest runs inside it.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; pass a run directory (the run_dir a training printed)")
+    if (path / "metrics.jsonl").exists() or (path / TRACES_DIR).is_dir():
+        return path
+    runs = sorted(
+        (p.parent for p in path.glob("**/metrics.jsonl")), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    hint = (
+        "; runs inside it, newest first: " + ", ".join(str(r) for r in runs[:5])
+        if runs
+        else "; it holds no run either"
+    )
+    raise ConfigError(f"{path} is not a run directory (no metrics.jsonl, no traces/){hint}")
+
+
+class RunData:
+    """Reads one run directory for the viewer; safe to share between server threads."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = find_run_dir(run_dir)
+        self._lock = threading.Lock()
+        self._files: OrderedDict[Path, tuple[tuple[int, int], StepTraces]] = OrderedDict()
+
+    def _load(self, kind: str, step: int) -> StepTraces:
+        if kind not in KINDS:
+            raise KeyError(f"kind must be one of {KINDS}, got {kind!r}")
+        path = trace_path(self.run_dir, kind, step)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise KeyError(f"no {kind} traces stored for step {step}") from None
+        stamp = (st.st_mtime_ns, st.st_size)
+        with self._lock:
+            hit = self._files.get(path)
+            if hit is not None and hit[0] == stamp:
+                self._files.move_to_end(path)
+                return hit[1]
+        traces = read_traces(path)
+        with self._lock:
+            self._files[path] = (stamp, traces)
+            while len(self._files) > _CACHE_FILES:
+                self._files.popitem(last=False)
+        return traces
+
+    def overview(self) -> dict[str, Any]:
+        """Per-step numeric metrics, eval results, status totals and the stored steps."""
+        records = read_metrics(self.run_dir / "metrics.jsonl")
+        steps: list[dict[str, Any]] = []
+        evals: list[dict[str, Any]] = []
+        for r in records:
+            numeric = {k: v for k, v in r.items() if _number(v) or (k.startswith("reward") and v is None)}
+            if "reward/mean" in r:
+                steps.append(numeric)
+            if _number(r.get("eval/reward_mean")) or "eval/failed" in r:
+                evals.append(
+                    {"step": r.get("step", 0), "reward": r.get("eval/reward_mean"), "failed": r.get("eval/failed")}
+                )
+        statuses = {
+            s.value: int(sum(int(r.get(f"rollouts/{s.value}", 0) or 0) for r in steps))
+            for s in RolloutStatus
+            if s is not RolloutStatus.OK
+        }
+        statuses = {"ok": int(sum(int(r.get("rollouts/ok", 0) or 0) for r in steps)), **statuses}
+        try:
+            stamp = os.stat(self.run_dir / "metrics.jsonl").st_mtime
+        except OSError:
+            stamp = 0.0
+        return {
+            "run_dir": str(self.run_dir),
+            "name": self.run_dir.name,
+            "steps": steps,
+            "evals": evals,
+            "statuses": statuses,
+            "traces": list_traces(self.run_dir),
+            "finished": (self.run_dir / "report.html").exists(),
+            "updated": stamp,
+        }
+
+    def step(self, kind: str, step: int) -> dict[str, Any]:
+        """The rollouts of one stored step, in summary (no tokens, no conversation)."""
+        traces = self._load(kind, step)
+        out = []
+        for r in traces.rollouts:
+            rows = r.get("rows", [])
+            tokens = sum(len(x["token_ids"]) + (x["base"][1] if x.get("base") else 0) for x in rows)
+            trained = sum(e - s for x in rows for s, e in x["mask"])
+            versions = sorted({t[3] for x in rows for t in x["turns"]})
+            turns = sum(1 for n in r.get("conversation", []) if n.get("turn") is not None)
+            error = r.get("error") or ""
+            out.append(
+                {
+                    "rollout_id": r["rollout_id"],
+                    "group_id": r["group_id"],
+                    "payload": r.get("payload"),
+                    "status": r["status"],
+                    "reward": r.get("reward"),
+                    "advantage": r.get("advantage"),
+                    "elapsed_s": r.get("elapsed_s"),
+                    "turns": turns or int((r.get("faults") or {}).get("model_turns", 0)),
+                    "rows": len(rows),
+                    "tokens": tokens,
+                    "trained": trained,
+                    "weight_versions": versions,
+                    "truncated": any(bool((x.get("metadata") or {}).get("truncated")) for x in rows),
+                    "error": error.strip().splitlines()[-1][:300] if error.strip() else "",
+                }
+            )
+        return {"kind": kind, "step": step, "partial": traces.partial, "rollouts": out}
+
+    def rollout(self, kind: str, step: int, rollout_id: str) -> dict[str, Any]:
+        """One rollout in full: its record, and each row's tokens with text, mask and logprob."""
+        traces = self._load(kind, step)
+        for r in traces.rollouts:
+            if r["rollout_id"] == rollout_id:
+                break
+        else:
+            raise KeyError(f"no rollout {rollout_id!r} in the {kind} traces of step {step}")
+        texts = traces.header.get("tokens", {})
+        rows = []
+        for row in rows_of(r):
+            rows.append(
+                {
+                    "row_index": row.row_index,
+                    "prompt_length": row.prompt_length,
+                    "token_ids": row.token_ids,
+                    "texts": [texts.get(str(i), "") for i in row.token_ids],
+                    "mask": row.loss_mask,
+                    "logprobs": row.logprobs,
+                    "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
+                    "metadata": row.metadata,
+                }
+            )
+        full = {k: v for k, v in r.items() if k != "rows"}
+        return {"kind": kind, "step": step, **full, "rows": rows}
+
+    def export(self, train_steps: int | None) -> dict[str, Any]:
+        """Everything a static page shows: the overview, and every stored eval plus the
+        last ``train_steps`` stored training steps (all of them for None) in full."""
+        run = self.overview()
+        chosen = {"train": run["traces"]["train"], "eval": run["traces"]["eval"]}
+        if train_steps is not None:
+            chosen["train"] = chosen["train"][-train_steps:] if train_steps > 0 else []
+        steps: dict[str, Any] = {}
+        rollouts: dict[str, Any] = {}
+        for kind, numbers in chosen.items():
+            for n in numbers:
+                try:
+                    summary = self.step(kind, n)
+                except (KeyError, ValueError):
+                    continue
+                steps[f"{kind}/{n}"] = summary
+                for r in summary["rollouts"]:
+                    rollouts[f"{kind}/{n}/{r['rollout_id']}"] = self.rollout(kind, n, r["rollout_id"])
+        run["traces"] = {k: sorted(int(key.split("/")[1]) for key in steps if key.startswith(k + "/")) for k in KINDS}
+        return {"run": run, "steps": steps, "rollouts": rollouts}

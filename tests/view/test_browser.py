@@ -1,0 +1,157 @@
+"""The viewer in a real headless Chromium (Debian's chromium + chromium-driver, driven by
+selenium): overview -> step -> trajectory on a short real run, checked against the
+run's metrics and stored traces. Screenshots land in the test's tmp dir."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.trainer.metrics import read_metrics
+from core.trainer.traces import read_traces, rows_of, trace_path
+from core.view.__main__ import main as view_main
+from core.view.server import ViewServer
+
+from .view_agents import HOSTILE
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or DRIVER is None:
+        pytest.skip(
+            "no Chromium installed (need chromium and chromedriver on PATH: "
+            "`apt-get install chromium chromium-driver`, which `bash scripts/setup.sh test` runs as root)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait_view(driver: Any, view: str) -> Any:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def ready(d: Any) -> Any:
+        found = d.find_elements(By.CSS_SELECTOR, f'main#view[data-view="{view}"]')
+        return found[0] if found else False
+
+    try:
+        return WebDriverWait(driver, 30).until(ready)
+    except Exception:
+        shown = driver.find_elements(By.CSS_SELECTOR, "main#view")
+        raise AssertionError(
+            f"the page did not show the {view} view; it shows: "
+            + (shown[0].text[:1000] if shown else driver.page_source[:1000])
+        ) from None
+
+
+def test_overview_step_trajectory_in_chromium(trained_run: dict[str, Any], browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    run_dir: Path = trained_run["run_dir"]
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    server = ViewServer(run_dir, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        # -- overview: reward per step and status counts as in metrics.jsonl
+        browser.get(server.url)
+        main = _wait_view(browser, "overview")
+        browser.save_screenshot(str(tmp_path / "overview.png"))
+        assert main.find_element(By.ID, "card-steps").text.endswith("3")
+        for r in records:
+            cell = main.find_element(By.CSS_SELECTOR, f'#steps-table tr[data-step="{r["step"]}"] td.reward')
+            assert cell.text == f"{r['reward/mean']:.3f}"
+        crashed = sum(r["rollouts/crashed"] for r in records)
+        ok = sum(r["rollouts/ok"] for r in records)
+        assert crashed > 0
+        count = lambda s: main.find_element(By.CSS_SELECTOR, f'#status-counts tr[data-status="{s}"] td.count').text  # noqa: E731
+        assert count("crashed") == str(crashed) and count("ok") == str(ok)
+        assert len(main.find_elements(By.CSS_SELECTOR, "svg polyline, svg rect")) > 10  # the charts drew
+
+        # -- step view of a step with a failed rollout
+        step = next(r for r in records if r["rollouts/crashed"] > 0)
+        main.find_element(By.CSS_SELECTOR, f'#steps-table tr[data-step="{step["step"]}"] a').click()
+        main = _wait_view(browser, "step")
+        rows = main.find_elements(By.CSS_SELECTOR, "tr[data-rollout]")
+        assert len(rows) == step["rollouts/total"]
+        assert len(main.find_elements(By.CSS_SELECTOR, 'tr[data-status="crashed"]')) == step["rollouts/crashed"]
+        Select(main.find_element(By.ID, "filter-status")).select_by_value("crashed")
+        assert main.find_element(By.ID, "shown").text.startswith(f"{step['rollouts/crashed']} of 16")
+        browser.save_screenshot(str(tmp_path / "step.png"))
+
+        # -- the failed rollout: its status and its error, shown as text (never run)
+        main.find_element(By.CSS_SELECTOR, 'tr[data-status="crashed"]').click()
+        main = _wait_view(browser, "rollout")
+        assert main.find_element(By.ID, "rollout-status").text == "crashed"
+        assert HOSTILE in main.find_element(By.ID, "rollout-error").text
+        assert browser.execute_script("return window.__xss === undefined")
+        assert not main.find_elements(By.CSS_SELECTOR, "#rollout-error img, #rollout-error script")
+        browser.save_screenshot(str(tmp_path / "failed_rollout.png"))
+
+        # -- an ok rollout: reward, and the trained-token span matches the stored trace
+        stored = read_traces(trace_path(run_dir, "train", 2))
+        target = next(r for r in stored.rollouts if r["status"] == "ok" and r["rows"])
+        browser.get("about:blank")  # a fresh load: a hash change alone would leave the old view up a moment
+        browser.get(f"{server.url}#/rollout/train/2/{target['rollout_id']}")
+        main = _wait_view(browser, "rollout")
+        assert main.find_element(By.ID, "rollout-status").text == "ok"
+        assert main.find_element(By.ID, "rollout-reward").text == f"{target['reward']:.3f}"
+        row = rows_of(target)[0]
+        trained = main.find_elements(By.CSS_SELECTOR, '.tokens[data-row="0"] span.tok.trained')
+        want = [(i, t) for i, (t, m) in enumerate(zip(row.token_ids, row.loss_mask, strict=True)) if m]
+        assert [(int(s.get_attribute("data-i")), int(s.get_attribute("data-id"))) for s in trained] == want
+        assert [float(s.get_attribute("data-lp")) for s in trained] == pytest.approx([row.logprobs[i] for i, _ in want], abs=1e-6)
+        context = main.find_elements(By.CSS_SELECTOR, '.tokens[data-row="0"] span.tok.ctx')
+        assert len(context) == len(row.token_ids) - len(want)
+        marks = main.find_elements(By.CSS_SELECTOR, '.tokens[data-row="0"] .turnmark')
+        assert [m.text for m in marks] == [f"turn {k + 1} · v{t.weight_version}" for k, t in enumerate(row.turns)]
+        assert main.find_element(By.CSS_SELECTOR, '#conversation .msg[data-role="user"]').text.endswith(
+            f"After {target['payload']['n']}?"
+        )
+        browser.execute_script("document.querySelector('.rowbox').scrollIntoView()")
+        browser.save_screenshot(str(tmp_path / "rollout.png"))
+
+        # -- compare: the same eval prompt before training and at the end
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/compare/0/3/eval1")
+        main = _wait_view(browser, "compare")
+        sides = main.find_elements(By.CSS_SELECTOR, ".side")
+        assert [s.get_attribute("data-step") for s in sides] == ["0", "3"]
+        assert all("After 1?" in s.text for s in sides)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    # -- the static export shows the same overview from a file, no server
+    out = tmp_path / "static.html"
+    assert view_main([str(run_dir), "--static", str(out)]) == 0
+    browser.get(out.as_uri())
+    main = _wait_view(browser, "overview")
+    assert main.find_element(By.CSS_SELECTOR, '#status-counts tr[data-status="crashed"] td.count').text == str(crashed)
+    browser.get("about:blank")
+    browser.get(out.as_uri() + f"#/step/train/{step['step']}")
+    main = _wait_view(browser, "step")
+    assert len(main.find_elements(By.CSS_SELECTOR, 'tr[data-status="crashed"]')) == step["rollouts/crashed"]
+    for name in ("overview", "step", "failed_rollout", "rollout"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000

@@ -1,0 +1,121 @@
+"""The viewer's data, server and static export, on a real short run (no browser)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import ConfigError
+from core.trainer.metrics import read_metrics
+from core.trainer.traces import list_traces, read_traces, rows_of, trace_path
+from core.view.__main__ import main as view_main
+from core.view.data import RunData
+from core.view.server import ViewServer
+
+from .view_agents import HOSTILE
+
+pytestmark = pytest.mark.integration
+
+
+def test_train_prints_where_the_viewer_is(trained_run: dict[str, Any]) -> None:
+    assert f"python -m core.view {trained_run['run_dir']}" in trained_run["stdout"]
+
+
+def test_run_stores_every_step_and_eval_and_the_data_matches_metrics(trained_run: dict[str, Any]) -> None:
+    run_dir: Path = trained_run["run_dir"]
+    assert list_traces(run_dir) == {"train": [1, 2, 3], "eval": [0, 3]}
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    data = RunData(run_dir)
+    overview = data.overview()
+    assert [s["step"] for s in overview["steps"]] == [1, 2, 3]
+    assert overview["statuses"]["crashed"] == sum(r["rollouts/crashed"] for r in records) > 0
+    assert overview["statuses"]["ok"] == sum(r["rollouts/ok"] for r in records)
+    for record in records:
+        step = data.step("train", record["step"])
+        assert len(step["rollouts"]) == record["rollouts/total"] == 16
+        assert sum(r["status"] == "crashed" for r in step["rollouts"]) == record["rollouts/crashed"]
+        assert sum(r["trained"] for r in step["rollouts"]) >= record["tokens/trained"]
+        assert record["traces/bytes"] == trace_path(run_dir, "train", record["step"]).stat().st_size
+        ok = [r["reward"] for r in step["rollouts"] if r["status"] == "ok"]
+        assert sum(ok) / len(ok) == pytest.approx(record["reward/mean"])
+    crashed = next(r for r in data.step("train", 1)["rollouts"] + data.step("train", 2)["rollouts"] if r["status"] == "crashed")
+    assert crashed["payload"]["fail"] is True and crashed["rows"] == 0
+
+
+def test_server_answers_on_loopback_only_for_its_own_host(trained_run: dict[str, Any]) -> None:
+    server = ViewServer(trained_run["run_dir"], "127.0.0.1", 0)
+    server.start_background()
+    try:
+        port = server.server_address[1]
+
+        def get(path: str, host: str) -> tuple[int, dict[str, str], bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", path, headers={"Host": host})
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            return resp.status, dict(resp.getheaders()), body
+
+        status, headers, body = get("/", f"127.0.0.1:{port}")
+        assert status == 200 and "script-src 'nonce-" in headers["Content-Security-Policy"]
+        assert b"<script nonce=" in body and b"https://" not in body  # offline: nothing fetched elsewhere
+        status, _, body = get("/api/run", f"localhost:{port}")
+        assert status == 200 and json.loads(body)["traces"]["train"] == [1, 2, 3]
+        status, _, body = get("/api/step?kind=train&step=99", f"localhost:{port}")
+        assert status == 404 and b"no train traces stored for step 99" in body
+        status, _, _ = get("/api/run", "evil.example:80")  # DNS rebinding
+        assert status == 403
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_static_export_embeds_hostile_text_inert(trained_run: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "run.html"
+    assert view_main([str(trained_run["run_dir"]), "--static", str(out)]) == 0
+    page = out.read_text()
+    assert page.count("</script>") == 2  # the data block's and the app's: no string closed one
+    assert HOSTILE not in page and "onerror" in page  # the crash message is there, escaped
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
+
+
+def test_refresh_sees_new_steps_and_rewritten_files(trained_run: dict[str, Any], tmp_path: Path) -> None:
+    """A copy of the run missing its last step, then the step arriving, as while training."""
+    run = tmp_path / "live"
+    shutil.copytree(trained_run["run_dir"], run, ignore=shutil.ignore_patterns("checkpoints"))
+    last = trace_path(run, "train", 3)
+    saved = last.read_bytes()
+    last.unlink()
+    data = RunData(run)
+    assert data.overview()["traces"]["train"] == [1, 2]
+    first = data.step("train", 2)
+    last.write_bytes(saved)
+    assert data.overview()["traces"]["train"] == [1, 2, 3]
+    # a resumed run rewrites a step file: the cache notices
+    shutil.copy(trace_path(run, "train", 1), trace_path(run, "train", 2))
+    assert data.step("train", 2)["rollouts"] != first["rollouts"]
+
+
+def test_rollout_rows_are_the_stored_rows(trained_run: dict[str, Any]) -> None:
+    run_dir: Path = trained_run["run_dir"]
+    stored = read_traces(trace_path(run_dir, "train", 2))
+    ok = next(r for r in stored.rollouts if r["status"] == "ok")
+    view = RunData(run_dir).rollout("train", 2, ok["rollout_id"])
+    rows = rows_of(ok)
+    assert [r["token_ids"] for r in view["rows"]] == [r.token_ids for r in rows]
+    assert [r["mask"] for r in view["rows"]] == [r.loss_mask for r in rows]
+    assert all(t for r in view["rows"] for t in r["texts"])  # every token has its text
+    assert "".join(view["rows"][0]["texts"]).count("After") == 1
+
+
+def test_not_a_run_directory_is_a_clear_error(trained_run: dict[str, Any], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a run directory.*runs inside it"):
+        RunData(Path(trained_run["run_dir"]).parent)
+    with pytest.raises(ConfigError, match="does not exist"):
+        RunData(tmp_path / "nope")
+    assert view_main([str(tmp_path), "--static", str(tmp_path / "x.html")]) == 2
