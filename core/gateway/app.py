@@ -281,7 +281,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
             result = await _guarded(request, gateway.run_turn(sid, call.req))
         except GatewayError as err:
             raise input_error(err, body) from None
-        response = finish_response(s.responses, call, result, gateway.model_id)
+        response = finish_response(s, call, result, gateway.model_id)
         if call.stream:
             return _flagged(_sse(response_stream_events(response)), result)
         return _flagged(_json(response), result)

@@ -29,9 +29,11 @@ from typing import Any
 
 from core.gateway.errors import SURROGATE_HINT, GatewayError, bad_request
 from core.gateway.fields import opt_bool, opt_int, opt_number
+from core.gateway.messages import raws_of
 from core.gateway.responses_items import group_items, item_units, responses_tools
 from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.session import Session
 from core.gateway.toolchoice import openai_tool_choice
 from core.types import FinishReason
 
@@ -97,8 +99,9 @@ class ResponsesCall:
     """Keep the response in the session (``previous_response_id``, ``GET``)."""
     previous: StoredResponse | None
     """The response ``previous_response_id`` names."""
-    new_groups: list[Any]
-    """This request's input as unit raws (``group_items``)."""
+    first_new: int
+    """Index in ``req.units`` of this request's first input group (after the instructions
+    and the stored conversation)."""
     echo: dict[str, Any]
     """Request fields the response object repeats."""
 
@@ -184,6 +187,7 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
             )
     new_groups = group_items(body["input"])
     past = previous.conversation() if previous is not None else []
+    first_new = len(past) + (1 if instructions else 0)
     tools = responses_tools(body.get("tools"))
     choice = openai_tool_choice(body, tools)
     req = TurnRequest(
@@ -215,7 +219,7 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
         "top_p": req.top_p,
         "user": body.get("user"),
     }
-    return ResponsesCall(req, opt_bool(body, "stream"), store is not False, previous, new_groups, echo)
+    return ResponsesCall(req, opt_bool(body, "stream"), store is not False, previous, first_new, echo)
 
 
 def input_error(err: GatewayError, body: dict[str, Any]) -> GatewayError:
@@ -259,10 +263,12 @@ def _output_items(result: TurnResult) -> list[dict[str, Any]]:
     return items
 
 
-def finish_response(
-    stored: dict[str, StoredResponse], call: ResponsesCall, result: TurnResult, model: str
-) -> dict[str, Any]:
-    """The ``response`` object of a finished turn, kept in ``stored`` when ``call.store``."""
+def finish_response(session: Session, call: ResponsesCall, result: TurnResult, model: str) -> dict[str, Any]:
+    """The ``response`` object of a finished turn, kept in ``session.responses`` when ``call.store``.
+
+    Call it right after ``Gateway.run_turn`` returned, with no ``await`` in between: the
+    session's ``matched`` is then this turn's (or None).
+    """
     output = _output_items(result)
     truncated = result.finish_reason is FinishReason.LENGTH
     now = int(time.time())
@@ -291,10 +297,16 @@ def finish_response(
         },
     }
     if call.store:
+        raws = raws_of(call.req.units)
+        m = session.matched
+        if m is not None and m.version == session.tree_version and len(m.raws) == len(raws):
+            # The same groups, with the objects the session already kept for the history
+            # before this turn: a client that resends the whole conversation every turn
+            # then costs one copy of it, not one per stored response.
+            raws = m.raws
         size = call.req.size + len(json.dumps(output))
-        if call.previous is not None:
-            size += call.previous.size
-        stored[response["id"]] = StoredResponse(call.previous, [*call.new_groups, output], response, size)
+        new = [*raws[call.first_new :], output]
+        session.responses[response["id"]] = StoredResponse(call.previous, new, response, size)
     return response
 
 

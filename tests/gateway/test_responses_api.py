@@ -69,6 +69,9 @@ def test_tool_loop_full_history_resent(harness: Harness) -> None:
     second = client.responses.create(model="tiny", instructions=SYSTEM, input=items, tools=[CALC_FLAT])
     assert second.output_text == "The answer is 84."
     assert [o.type for o in second.output] == ["message"]
+    # Both responses are stored; the second shares the first's copy of the resent history.
+    kept_first, kept_second = h.gw.session(sid).responses.values()
+    assert kept_second.groups[0] is kept_first.groups[0]
 
     messages = [
         {"role": "system", "content": SYSTEM},
