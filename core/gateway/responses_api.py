@@ -304,6 +304,12 @@ def finish_response(session: Session, call: ResponsesCall, result: TurnResult, m
             # before this turn: a client that resends the whole conversation every turn
             # then costs one copy of it, not one per stored response.
             raws = m.raws
+        last = next(reversed(session.responses.values()), None)
+        if last is not None:
+            # Agents resend the same tools and instructions each turn: keep one copy.
+            for key in ("tools", "instructions"):
+                if response[key] == last.response[key]:
+                    response[key] = last.response[key]
         size = call.req.size + len(json.dumps(output))
         new = [*raws[call.first_new :], output]
         session.responses[response["id"]] = StoredResponse(call.previous, new, response, size)

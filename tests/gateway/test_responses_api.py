@@ -72,6 +72,7 @@ def test_tool_loop_full_history_resent(harness: Harness) -> None:
     # Both responses are stored; the second shares the first's copy of the resent history.
     kept_first, kept_second = h.gw.session(sid).responses.values()
     assert kept_second.groups[0] is kept_first.groups[0]
+    assert kept_second.response["tools"] is kept_first.response["tools"]
 
     messages = [
         {"role": "system", "content": SYSTEM},
