@@ -275,7 +275,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
         body = parse_body(raw)
-        call = parse_responses_request(body, s.responses)
+        call = parse_responses_request(body, s.responses, gateway.reasoning)
         call.req.size = len(raw) + (call.previous.size if call.previous is not None else 0)
         try:
             result = await _guarded(request, gateway.run_turn(sid, call.req))

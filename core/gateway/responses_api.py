@@ -34,6 +34,7 @@ from core.gateway.responses_items import group_items, item_units, responses_tool
 from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.session import Session
+from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning
 from core.gateway.toolchoice import openai_tool_choice
 from core.types import FinishReason
 
@@ -60,8 +61,10 @@ _NO_EFFECT = frozenset({
 })
 """Fields that cannot change what the model produces here: accepted (``max_tool_calls``
 limits built-in tools, which this gateway does not offer)."""
-_INCLUDE_OK = frozenset({"reasoning.encrypted_content"})
-"""``include`` values honoured: reasoning items always carry their text in ``content``."""
+_LOGPROBS = "message.output_text.logprobs"
+_INCLUDE_OK = frozenset({"reasoning.encrypted_content", _LOGPROBS})
+"""``include`` values honoured: reasoning items always carry their text in ``content``;
+``message.output_text.logprobs`` returns each sampled token's logprob."""
 
 
 @dataclass(eq=False)
@@ -128,9 +131,15 @@ def _check_fields(body: dict[str, Any]) -> None:
         raise _refuse("background", "must be false: responses are answered in the request")
     if body.get("truncation") not in (None, "disabled"):
         raise _refuse("truncation", "must be 'disabled': the gateway never drops input (an overlong prompt is a 400)")
-    top_logprobs = opt_int(body, "top_logprobs", minimum=0)
-    if top_logprobs:
-        raise _refuse("top_logprobs", "is not supported on /v1/responses; the trace records every token's logprob")
+    top = opt_int(body, "top_logprobs", minimum=0)
+    if top is not None and top > 20:
+        raise _refuse("top_logprobs", f"must be in [0, 20], got {top}")
+    if top:
+        raise _refuse(
+            "top_logprobs",
+            f"is {top}, but the gateway's samplers return only the sampled token's logprob, not alternatives; "
+            f"send 0 or drop it (include {_LOGPROBS!r} returns the sampled tokens' logprobs)",
+        )
     include = body.get("include")
     if include is not None:
         if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
@@ -148,24 +157,41 @@ def _check_fields(body: dict[str, Any]) -> None:
             )
         if text.get("verbosity") not in (None, "medium"):
             raise bad_request("'text.verbosity' cannot be honoured by this model; leave it unset", param="text")
-    reasoning = body.get("reasoning")
-    if reasoning is not None:
-        if not isinstance(reasoning, dict) or any(v is not None for v in reasoning.values()):
-            raise _refuse(
-                "reasoning",
-                "cannot be honoured: the model reasons as its chat template and the session decide; leave it unset",
-            )
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _refuse("stream_options", "must be an object")
 
 
-def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredResponse]) -> ResponsesCall:
+def _reasoning(body: dict[str, Any], offered: Reasoning) -> dict[str, Any]:
+    """Template variables for ``reasoning.effort`` (as chat's ``reasoning_effort``, ``thinking.py``)."""
+    v = body.get("reasoning")
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or set(v) - {"effort", "summary", "generate_summary"}:
+        raise _refuse("reasoning", "must be an object with 'effort' and 'summary'")
+    for key in ("summary", "generate_summary"):
+        if v.get(key) not in (None, "auto"):
+            raise _refuse(
+                "reasoning",
+                f"has {key} {v[key]!r:.20}: the model writes no summaries; the reasoning item carries its "
+                "reasoning text (send 'auto' or drop it)",
+            )
+    try:
+        return openai_reasoning({"reasoning_effort": v.get("effort")}, offered)
+    except GatewayError as err:
+        raise bad_request(err.message.replace("'reasoning_effort'", "'reasoning.effort'"), param="reasoning") from None
+
+
+def parse_responses_request(
+    body: dict[str, Any], stored: dict[str, StoredResponse], reasoning: Reasoning = AS_IS
+) -> ResponsesCall:
     """A ``/v1/responses`` body as a ``ResponsesCall``.
 
     Args:
         body: The request JSON object.
         stored: The session's stored responses (``Session.responses``).
+        reasoning: What the model's template offers (``Gateway.reasoning``), which decides
+            whether ``reasoning.effort`` can be honoured.
 
     Raises:
         GatewayError: 400 naming the field that is malformed or cannot be honoured.
@@ -190,6 +216,7 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
     first_new = len(past) + (1 if instructions else 0)
     tools = responses_tools(body.get("tools"))
     choice = openai_tool_choice(body, tools)
+    kwargs = _reasoning(body, reasoning)
     req = TurnRequest(
         units=item_units(instructions, past, new_groups),
         tools=tools,
@@ -198,6 +225,8 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
         temperature=opt_number(body, "temperature", low=0.0, high=2.0),
         top_p=opt_number(body, "top_p", low=0.0, high=1.0, low_open=True),
         top_k=opt_int(body, "top_k"),
+        logprobs=_LOGPROBS in (body.get("include") or ()),
+        template_kwargs=kwargs or None,
     )
     if req.top_k is not None and (req.top_k == 0 or req.top_k < -1):
         raise bad_request(f"'top_k' must be -1 or >= 1, got {req.top_k}", param="top_k")
@@ -215,6 +244,7 @@ def parse_responses_request(body: dict[str, Any], stored: dict[str, StoredRespon
         "previous_response_id": prev_id,
         "temperature": req.temperature,
         "tool_choice": body.get("tool_choice") or "auto",
+        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
         "tools": body.get("tools") or [],
         "top_p": req.top_p,
         "user": body.get("user"),
@@ -249,10 +279,15 @@ def _output_items(result: TurnResult) -> list[dict[str, Any]]:
             "status": "completed",
         })
     done = "incomplete" if result.finish_reason is FinishReason.LENGTH else "completed"
-    if result.content or not result.tool_calls:
+    logprobs = [
+        {"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": []} for e in result.logprobs or ()
+    ]
+    if result.content or not result.tool_calls or result.logprobs is not None:
+        # Asked-for logprobs ride on the message, so a turn of only tool calls gets an empty
+        # one; sent back, it changes nothing (an empty message merges into the calls' turn).
         items.append({
             "type": "message", "id": "msg_" + secrets.token_hex(16), "role": "assistant", "status": done,
-            "content": [{"type": "output_text", "text": result.content, "annotations": [], "logprobs": []}],
+            "content": [{"type": "output_text", "text": result.content, "annotations": [], "logprobs": logprobs}],
         })
     for call in result.tool_calls:
         fn = call["function"]
@@ -283,7 +318,6 @@ def finish_response(session: Session, call: ResponsesCall, result: TurnResult, m
         "model": model,
         "output": output,
         **call.echo,
-        "reasoning": {"effort": None, "summary": None},
         "store": call.store,
         "text": {"format": {"type": "text"}},
         "truncation": "disabled",
@@ -343,10 +377,15 @@ def response_stream_events(response: dict[str, Any]) -> list[bytes]:
             text = part["text"]
             prefix = "response.output_text" if kind == "message" else "response.reasoning_text"
             empty = {**part, "text": ""}
+            extra: dict[str, Any] = {}
+            if kind == "message":
+                # Logprobs ride on the done events (deltas are cut by characters, not tokens).
+                empty["logprobs"] = extra["logprobs"] = []
             frames.append(ev("response.content_part.added", **ref, content_index=0, part=empty))
-            extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
             for k in range(0, len(text), _CHUNK_CHARS):
                 frames.append(ev(prefix + ".delta", **ref, content_index=0, delta=text[k : k + _CHUNK_CHARS], **extra))
+            if kind == "message":
+                extra["logprobs"] = part["logprobs"]
             frames.append(ev(prefix + ".done", **ref, content_index=0, text=text, **extra))
             frames.append(ev("response.content_part.done", **ref, content_index=0, part=part))
         frames.append(ev("response.output_item.done", output_index=i, item=item))

@@ -189,6 +189,36 @@ def test_tool_choice_and_parallel_tool_calls_are_honoured(harness: Harness) -> N
     assert counters["tool_calls_dropped"] == 2 and counters["tool_choice_violations"] == 1
 
 
+def test_logprobs_on_request_and_reasoning_effort_drives_the_template(make_harness: Any) -> None:
+    from core.samplers.scripted import fake_logprob
+    from core.tokenizer import build_tiny_tokenizer
+    from tests.gateway.test_request_fields import NO_THINK, QWEN3_LIKE
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = QWEN3_LIKE
+    h = make_harness(tokenizer=tok)
+    text = "Four, I think."
+    h.sampler.default = h.reply(text)
+    client = h.openai(h.session(sampling=SamplingParams(max_tokens=256)))
+    include: Any = ["message.output_text.logprobs"]
+    resp = client.responses.create(model="tiny", input="hi", include=include, reasoning={"effort": "none"})
+    ids = h.reply(text)[:-1]  # the end-of-turn token closes the turn; it is not content
+    (part,) = resp.output[0].content  # type: ignore[union-attr]
+    assert [e.logprob for e in part.logprobs] == [fake_logprob(t, i) for i, t in enumerate(ids)]
+    assert "".join(e.token for e in part.logprobs) == text and resp.reasoning.effort == "none"
+    done = [e for e in client.responses.create(model="tiny", input="hi", include=include, stream=True)
+            if e.type == "response.output_text.done"]
+    assert [(e.token, e.logprob) for e in done[0].logprobs] == [(e.token, e.logprob) for e in part.logprobs]
+    assert client.responses.create(model="tiny", input="hi").output[0].content[0].logprobs == []  # type: ignore[union-attr]
+    prompts = [h.tok.decode(c.prompt_token_ids) for c in h.sampler.calls]
+    assert [p.endswith(NO_THINK) for p in prompts] == [True, False, False]
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="tiny", input="hi", reasoning={"effort": "high"})
+    assert exc.value.body["param"] == "reasoning" and "'reasoning.effort'" in str(exc.value)  # type: ignore[index]
+
+
 _BAD: list[tuple[dict[str, Any], str, str]] = [
     ({}, "input", "required"),
     ({"input": 3}, "input", "string or a list"),
@@ -205,8 +235,9 @@ _BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"input": "x", "truncation": "auto"}, "truncation", "disabled"),
     ({"input": "x", "conversation": "conv_1"}, "conversation", "previous_response_id"),
     ({"input": "x", "background": True}, "background", "false"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "cannot return"),
-    ({"input": "x", "top_logprobs": 3}, "top_logprobs", "not supported"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include", "cannot return"),
+    ({"input": "x", "top_logprobs": 3}, "top_logprobs", "only the sampled token"),
+    ({"input": "x", "reasoning": {"summary": "detailed"}}, "reasoning", "no summaries"),
     ({"input": "x", "frobnicate": 1}, "frobnicate", "not supported"),
     ({"input": "x", "previous_response_id": "resp_nope"}, "previous_response_id", "not stored"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", ">= 1"),
