@@ -138,8 +138,10 @@ NEUTRAL_SETTINGS: dict[str, float] = {
     "top_k": -1.0,
     "top_p": 1.0,
     "entropy_coef": 0.0,
+    "tis_cap": 0.0,
 }
-"""Non-clip ``loss_config`` keys core knows, at the value that changes nothing."""
+"""Non-clip ``loss_config`` keys core knows, at the value that changes nothing
+(``tis_cap`` 0: importance weights are not truncated)."""
 
 
 LOSS_CONFIG_KEYS: tuple[str, ...] = ("clip_low", "clip_high", *CLIP_KEYS, *NEUTRAL_SETTINGS)
@@ -166,6 +168,9 @@ class LossSpec:
     top_p: float
     entropy_coef: float
     """Entropy bonus (>= 0)."""
+    tis_cap: float = 0.0
+    """Truncated importance weight: each token's ``pi_trainer / pi_sampler`` weight in
+    the gradient is capped here (0: no cap; else >= 1). ``algorithm.tis_cap``."""
 
     def changes(self, key: str) -> bool:
         """True when ``key`` (a ``NEUTRAL_SETTINGS`` name) is away from its neutral value."""
@@ -238,7 +243,18 @@ def parse_loss_spec(
         top_k=given.get("top_k", NEUTRAL_SETTINGS["top_k"]),
         top_p=given.get("top_p", NEUTRAL_SETTINGS["top_p"]),
         entropy_coef=given.get("entropy_coef", NEUTRAL_SETTINGS["entropy_coef"]),
+        tis_cap=given.get("tis_cap", NEUTRAL_SETTINGS["tis_cap"]),
     )
+    if not (spec.tis_cap == 0.0 or 1.0 <= spec.tis_cap < float("inf")):
+        raise ConfigError(
+            f"algorithm.tis_cap={spec.tis_cap!r} must be 0 (off) or a finite number >= 1 (a cap "
+            "below 1 would also shrink on-policy tokens, whose weight is 1)"
+        )
+    if spec.tis_cap and loss_fn not in SAMPLER_LOGPROB_LOSSES:
+        raise ConfigError(
+            f"algorithm.tis_cap truncates pi_trainer / pi_sampler, but loss {loss_fn!r} has no such "
+            "ratio; drop algorithm.tis_cap or use importance_sampling, ppo or cispo"
+        )
     if spec.entropy_coef < 0:
         raise ConfigError(
             f"algorithm.loss_config.entropy_coef={spec.entropy_coef!r} must be >= 0 (a bonus on entropy)"
@@ -303,6 +319,14 @@ def remote_loss(
                 f"algorithm.temperature={temperature!r}: loss {loss_fn!r} needs sampled logprobs, "
                 "so the training temperature must be > 0"
             )
+    if spec.changes("tis_cap"):
+        raise ConfigError(
+            f"backend {backend!r} cannot truncate importance weights (algorithm.tis_cap="
+            f"{spec.tis_cap!r}): its {loss_fn} loss takes only the sampler logprobs, with no cap "
+            f"setting. Drop algorithm.tis_cap (the ratio still uses the sampler's logprobs, so "
+            f"off-policy tokens are corrected; ppo/cispo clip it) or use the local backend. "
+            f"See {docs}. Nothing was sent to the service."
+        )
     for key in ("top_k", "top_p", "entropy_coef"):
         if spec.changes(key) and (uses_sampler or key == "entropy_coef"):
             raise ConfigError(
@@ -334,6 +358,8 @@ def check_algorithm(cfg: Any, *, backend: str, forwards_temperature: bool, docs:
     raw = cfg_get(algo, "loss_config", None) or {}
     loss_config = {str(k): float(v) for k, v in dict(raw).items()}
     loss_config.setdefault("temperature", float(cfg_get(algo, "temperature", 1.0)))
+    if float(cfg_get(algo, "tis_cap", 0.0) or 0.0):
+        loss_config["tis_cap"] = float(cfg_get(algo, "tis_cap"))
     return remote_loss(
         loss_fn, loss_config, backend=backend, forwards_temperature=forwards_temperature, docs=docs
     )

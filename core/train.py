@@ -46,9 +46,29 @@ def requested_choices(argv: list[str]) -> dict[str, str]:
     return chosen
 
 
+def check_driving_settings(cfg: Any, backend: str) -> None:
+    """Refuse core-loop settings a backend with its own trainer would silently ignore."""
+    from core.errors import ConfigError
+
+    mode = str(cfg.trainer.get("mode", "sync"))
+    if mode != "sync":
+        raise ConfigError(
+            f"trainer.mode={mode} is core's loop; backend {backend!r} runs its own trainer. Use its "
+            f"own asynchronous switch instead (see docs/backends/{backend}.md; verl: "
+            "backend.trainer_mode=separate_async) and keep trainer.mode=sync"
+        )
+    if float(cfg.algorithm.get("tis_cap", 0.0)):
+        raise ConfigError(
+            f"algorithm.tis_cap is applied by core's loop; backend {backend!r} runs its own "
+            f"trainer. Use its own truncated importance sampling setting (see "
+            f"docs/backends/{backend}.md; slime: backend.use_tis) and drop algorithm.tis_cap"
+        )
+
+
 def _run(cfg: Any, plugins: Any) -> int:
     spec = plugins.backend(str(cfg.backend.name))
     if spec.kind == "driving":
+        check_driving_settings(cfg, str(spec.name))
         backend = spec.factory(cfg)
         return int(backend.run(cfg))
     from core.trainer import run_training

@@ -50,6 +50,19 @@ class TrainerConfig:
     """Most rollouts in flight at once."""
     progress: bool = True
     """Show progress bars."""
+    mode: str = "sync"
+    """``sync``: each step runs its rollouts, then trains on them (the sampler idles
+    while the trainer works and vice versa). ``async``: rollouts run continuously and
+    a step trains on the first ``batch_size`` groups that finish within
+    ``max_staleness`` (see docs/architecture.md, "Asynchronous training")."""
+    max_staleness: int = 1
+    """``mode=async``: how many optimizer steps older than the weights being trained a
+    group's oldest generated token may be; older groups are dropped and counted
+    (``async/dropped_stale``). 0 trains on-policy, as ``sync`` does."""
+    max_rollouts_in_flight: int = 0
+    """``mode=async``: most training rollouts started and not yet finished (a multiple
+    of ``group_size`` is used); 0: ``(max_staleness + 1) * batch_size * group_size``,
+    the most the staleness bound can use."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: console, jsonl, and wandb / tensorboard when installed."""
     save_traces: int = 1
@@ -100,6 +113,10 @@ class AlgorithmConfig:
     """Sampling temperature during evaluation."""
     max_tokens: int = 8
     """Most tokens the model may generate per turn."""
+    tis_cap: float = 0.0
+    """Truncated importance weight: a token's weight ``pi_trainer / pi_sampler`` in the
+    gradient is capped at this value (0: no cap). Sent to the backend as
+    ``loss_config.tis_cap``; the local backend applies it, Tinker and SageMaker refuse it."""
 
 
 @dataclass

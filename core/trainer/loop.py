@@ -10,6 +10,11 @@ entropy bonus. Guards: a canary
 rollout before training, an abort when a step's rollout failure rate passes
 ``max_failure_rate``, one run at a time per ``run_dir``, and no fresh run
 over an old run's checkpoints.
+
+``trainer.mode=async`` replaces the rollout phase with ``RolloutPool.take``:
+rollouts run continuously and a step trains on the first ``batch_size`` groups
+that finished within ``trainer.max_staleness`` (``core.trainer.pool``); the
+rest of the step is the same.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from core.trainer.checkpoint import (
 )
 from core.trainer.data import DataOrder, load_payloads
 from core.trainer.metrics import MetricsWriter, console_line
+from core.trainer.pool import RolloutPool, rollout_staleness
 from core.trainer.report import write_report
 from core.trainer.rollouts import FAULT_KEYS, RolloutOutcome, check_exclude_on, start_rollout_stack
 from core.trainer.signal import TOKEN_MEAN_OVER, StepSignal, build_signal
@@ -84,6 +90,43 @@ def prepare_data(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[di
     train = load_payloads(train_path)
     evals = load_payloads(eval_path) if eval_path else []
     return train, evals
+
+
+MODES = ("sync", "async")
+"""``trainer.mode`` choices."""
+
+
+def check_async_settings(trainer: Any, algo: Any) -> None:
+    """Refuse bad ``trainer.mode`` / ``max_staleness`` / ``max_rollouts_in_flight`` /
+    ``algorithm.tis_cap`` values before anything starts."""
+    mode = str(trainer.get("mode", "sync"))
+    if mode not in MODES:
+        raise ConfigError(f"trainer.mode={mode!r}; use sync or async")
+    staleness = trainer.get("max_staleness", 1)
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ConfigError(
+            f"trainer.max_staleness={staleness!r} must be an integer >= 0 (optimizer steps; "
+            "0 trains on-policy)"
+        )
+    in_flight = int(trainer.get("max_rollouts_in_flight", 0))
+    group = int(trainer.group_size)
+    if in_flight < 0 or 0 < in_flight < group:
+        raise ConfigError(
+            f"trainer.max_rollouts_in_flight={in_flight} must be 0 (as many as the staleness "
+            f"bound allows) or at least trainer.group_size={group} (a group runs all at once)"
+        )
+    cap = float(algo.get("tis_cap", 0.0))
+    if not (cap == 0.0 or (cap >= 1.0 and math.isfinite(cap))):
+        raise ConfigError(
+            f"algorithm.tis_cap={cap!r} must be 0 (off) or a finite number >= 1 (a cap below 1 "
+            "would also shrink on-policy tokens, whose weight is 1)"
+        )
+    if cap and str(algo.loss) == "cross_entropy":
+        raise ConfigError(
+            "algorithm.tis_cap truncates the importance weight pi_trainer / pi_sampler, but "
+            "algorithm.loss=cross_entropy has none; drop algorithm.tis_cap or use "
+            "importance_sampling, ppo or cispo"
+        )
 
 
 _CLIP_KEYS = ("clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold")
@@ -141,6 +184,9 @@ class Trainer:
         if self.t.batch_size < 1 or self.t.group_size < 1:
             raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
         check_exclude_on(self.t.get("exclude_on", []))
+        check_async_settings(self.t, self.algo)
+        self.mode = str(self.t.get("mode", "sync"))
+        self.max_staleness = int(self.t.get("max_staleness", 1))
         max_abs = float(self.t.get("max_abs_reward", 1e9))
         if not (max_abs > 0 and math.isfinite(max_abs)):
             raise ConfigError(f"trainer.max_abs_reward must be a finite number > 0, got {max_abs!r}")
@@ -148,6 +194,9 @@ class Trainer:
         self._last_batch: list[int] = []
         self._closers: list[Any] = []
         self._lock: RunDirLock | None = None
+        self.pool: RolloutPool | None = None
+        self._async_resume: dict[str, Any] = {"next_seq": 0, "pending": []}
+        self._reruns = 0
 
     # -- setup --------------------------------------------------------------
 
@@ -297,6 +346,8 @@ class Trainer:
     async def _train(self, datums: list[Datum]) -> dict[str, float]:
         loss_config = dict(OmegaConf.to_container(self.algo.loss_config, resolve=True))  # type: ignore[arg-type]
         loss_config.setdefault("temperature", float(self.algo.temperature))
+        if float(self.algo.get("tis_cap", 0.0)):
+            loss_config["tis_cap"] = float(self.algo.tis_cap)
         result = await self.backend.forward_backward(datums, self.algo.loss, loss_config)
         opt = await self.backend.optim_step(
             AdamParams(
@@ -328,14 +379,18 @@ class Trainer:
             "eval/failed": float(len(outcomes) - len(ok)),
         }
 
-    async def _checkpoint(self) -> float:
+    async def _checkpoint(self, async_state: dict[str, Any] | None = None) -> float:
+        """Save the backend and the loop's state; ``async_state`` is the pool's snapshot,
+        taken together with ``self.order`` (before any await) so the two agree."""
         t0 = time.perf_counter()
+        data = self.order.state()
         path = checkpoint_dir(self.run_dir, self.step)
         path.mkdir(parents=True, exist_ok=True)
         where = await self.backend.save_state(str(path / "backend"))
-        write_trainer_state(
-            path, {"step": self.step, "data": self.order.state(), "backend_path": where}
-        )
+        state: dict[str, Any] = {"step": self.step, "data": data, "backend_path": where}
+        if async_state is not None:
+            state["async"] = async_state
+        write_trainer_state(path, state)
         return time.perf_counter() - t0
 
     async def _resume(self) -> None:
@@ -349,6 +404,24 @@ class Trainer:
         self.gateway.set_sampler(self.backend.sampler)
         self.order.restore(ckpt.state["data"])
         self.step = ckpt.step
+        saved = ckpt.state.get("async")
+        if saved is not None and saved.get("pending") and self.mode != "async":
+            raise ConfigError(
+                f"checkpoint {ckpt.path} was written by trainer.mode=async with "
+                f"{len(saved['pending'])} groups in flight; resume it with trainer.mode=async "
+                "(a sync run would skip their rows)"
+            )
+        if saved is not None:
+            self._async_resume = {
+                "next_seq": int(saved["next_seq"]),
+                "pending": [(int(a), int(b)) for a, b in saved["pending"]],
+            }
+            self._reruns = len(self._async_resume["pending"])
+            if self._reruns:
+                print(
+                    f"{self._reruns} groups were in flight at the checkpoint; running them again",
+                    file=sys.stderr,
+                )
         # Steps after this one that an interrupted run logged are replayed now;
         # readers of metrics.jsonl drop the stale copies at this marker.
         self.metrics.mark_resume(self.step)
@@ -356,11 +429,65 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------
 
+    def _group_sampling(self, seq: int) -> SamplingParams:
+        """Seeded session settings of async group ``seq`` (a rerun samples alike)."""
+        seed = (int(self.cfg.seed) * 1_000_003 + seq * 65_537 + 3) % (2**62)
+        return SamplingParams(
+            max_tokens=int(self.algo.max_tokens), temperature=float(self.algo.temperature), seed=seed
+        )
+
+    def _start_pool(self) -> None:
+        batch, group = int(self.t.batch_size), int(self.t.group_size)
+        room = (self.max_staleness + 1) * batch
+        in_flight = int(self.t.get("max_rollouts_in_flight", 0)) or room * group
+        self.pool = RolloutPool(
+            runner=self.runner,
+            rows=self.train_rows,
+            order=self.order,
+            group_size=group,
+            max_groups=room,
+            max_rollouts=in_flight,
+            sampling=self._group_sampling,
+            next_seq=int(self._async_resume["next_seq"]),
+            requeue=self._async_resume["pending"],
+        )
+        self.pool.start()
+
+    async def _close_pool(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def _take(self, times: StepTimes) -> tuple[list[RolloutOutcome], dict[str, Any]]:
+        """The async rollout phase: the step's groups from the pool."""
+        assert self.pool is not None
+        groups, dropped, waited = await self.pool.take(
+            int(self.t.batch_size), version=int(self.backend.weight_version), max_staleness=self.max_staleness
+        )
+        times.rollout = waited
+        self._last_batch = [g.data_index for g in groups]
+        extra: dict[str, Any] = {
+            "async/dropped_stale": len(dropped),
+            "async/dropped_stale_rollouts": sum(len(g.outcomes) for g in dropped),
+            "async/dropped_groups": [g.seq for g in dropped],
+            "async/groups": [g.seq for g in groups],
+            "async/rerun": sum(1 for g in groups if g.rerun),
+            "time/trainer_idle": waited,
+        }
+        if self._reruns:
+            extra["async/rerun_on_resume"], self._reruns = self._reruns, 0
+        return [o for g in groups for o in g.outcomes], extra
+
     async def _one_step(self) -> dict[str, Any]:
         times = StepTimes()
         t_step = time.perf_counter()
-        outcomes = await self._rollouts()
-        times.rollout = time.perf_counter() - t_step
+        flow: dict[str, Any]
+        if self.pool is None:
+            outcomes = await self._rollouts()
+            times.rollout = time.perf_counter() - t_step
+            flow = {"time/trainer_idle": times.rollout}
+        else:
+            outcomes, flow = await self._take(times)
+        version = int(self.backend.weight_version)  # the weights these outcomes train
         statuses = self._check_failures(outcomes)
         signal = self._signal(outcomes)
         datums, group_metrics = signal.datums, signal.metrics
@@ -386,8 +513,17 @@ class Trainer:
             self.gateway.set_sampler(await self.backend.sync_sampler())
             times.sync = time.perf_counter() - t0
         self.step += 1
+        async_state = None
+        if self.pool is not None:
+            await self.pool.release(len(outcomes) // int(self.t.group_size))
+            # Cut the started-groups log and snapshot the pool at one instant, so the
+            # checkpoint and metrics.jsonl agree on which groups started before it.
+            flow["data/started"], finished, flow["time/sampler_idle"] = self.pool.pop_flow()
+            flow["rollouts/finished"] = finished
+            flow["async/in_flight"] = self.pool.rollouts_in_flight
+            async_state = self.pool.state()
         if self.t.save_every and self.step % int(self.t.save_every) == 0 and self.step < int(self.t.max_steps):
-            times.checkpoint = await self._checkpoint()
+            times.checkpoint = await self._checkpoint(async_state)
         eval_metrics: dict[str, float] = {}
         if self.t.eval_every and self.step % int(self.t.eval_every) == 0:
             t0 = time.perf_counter()
@@ -395,8 +531,33 @@ class Trainer:
             times.eval = time.perf_counter() - t0
         step_time = time.perf_counter() - t_step
         record = self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
+        record.update(self._flow_metrics(outcomes, version, flow, times, step_time))
         record.update(self.traces.write_step(self.step, outcomes, signal.advantages))  # after time/step
         return record
+
+    def _flow_metrics(
+        self,
+        outcomes: list[RolloutOutcome],
+        version: int,
+        flow: dict[str, Any],
+        times: StepTimes,
+        step_time: float,
+    ) -> dict[str, Any]:
+        """Staleness of what trained, idle times and throughput (both modes, same keys)."""
+        ages = rollout_staleness([o for o in outcomes if o.ok], version)
+        out: dict[str, Any] = {
+            "async/staleness_mean": sum(ages) / len(ages) if ages else 0.0,
+            "async/staleness_max": max(ages) if ages else 0,
+            "async/dropped_stale": 0,
+            **flow,
+        }
+        if self.pool is None:
+            # Sync: the sampler has no training rollout while the step trains, syncs,
+            # checkpoints and evaluates.
+            out["time/sampler_idle"] = max(0.0, step_time - times.rollout)
+            out["rollouts/finished"] = len(outcomes)
+        out["rollouts/per_s"] = out["rollouts/finished"] / step_time if step_time > 0 else 0.0
+        return out
 
     def _record(
         self,
@@ -472,6 +633,9 @@ class Trainer:
                 await self._canary()
             if self.step == 0 and self.eval_rows:
                 self._emit({"step": 0, **await self.evaluate()}, None)
+            if self.mode == "async":
+                self._start_pool()
+                self._closers.append(self._close_pool)
             bar = None
             if self.t.progress:
                 from tqdm import tqdm
@@ -489,10 +653,16 @@ class Trainer:
                 if bar is not None:
                     bar.close()
             final: dict[str, Any] = {"step": self.step}
+            async_state = None
+            if self.pool is not None:
+                # Groups still running are not trained: saved as pending (a resumed run
+                # with more steps runs them again) and counted here.
+                async_state = self.pool.state()
+                final["async/discarded_at_end"] = await self.pool.close()
             if self.eval_rows and not (self.t.eval_every and self.step % int(self.t.eval_every) == 0):
                 final.update(await self.evaluate())
             final["time/train_wall"] = time.perf_counter() - t_run
-            await self._checkpoint()
+            await self._checkpoint(async_state)
             self._emit(final, None)
             report = write_report(self.run_dir)
             print(f"run finished at step {self.step}; metrics: {self.metrics.path}; report: {report}")

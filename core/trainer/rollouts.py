@@ -264,6 +264,8 @@ class RolloutRunner:
             )
         self.max_abs_reward = max_abs_reward
         self._sem = asyncio.Semaphore(max_concurrency)
+        self._active: dict[str, str] = {}
+        """Rollout id -> group id of the rollouts the runtime is running."""
 
     async def run_one(
         self, payload: dict[str, Any], *, group_id: str, sampling: SamplingParams
@@ -287,9 +289,11 @@ class RolloutRunner:
                 model_id=self.model_id,
                 timeout_s=self.timeout_s,
             )
+            self._active[rollout_id] = group_id
             try:
                 result = await self.runtime.run_rollout(request)
             finally:
+                self._active.pop(rollout_id, None)
                 rows, faults, conversation = self._close_session(sid)
         if faults.get("session_lost"):
             result = _lost(result)
@@ -305,6 +309,14 @@ class RolloutRunner:
         return RolloutOutcome(
             request=request, result=result, rows=rows, faults=faults, conversation=conversation
         )
+
+    async def cancel_groups(self, group_ids: Iterable[str]) -> None:
+        """Ask the runtime to stop every running rollout of ``group_ids`` (their
+        ``run_one`` then returns a failed outcome)."""
+        wanted = set(group_ids)
+        for rollout_id, group_id in list(self._active.items()):
+            if group_id in wanted:
+                await self.runtime.cancel(rollout_id)
 
     def _close_session(
         self, sid: str

@@ -82,6 +82,7 @@ def test_temperature_one_and_supervised_losses_pass() -> None:
         ({"top_k": 20}, "top_k"),
         ({"kl_coef": 0.1}, "kl_coef"),
         ({"clip_low": 1.5}, "clip_low"),
+        ({"tis_cap": 2.0}, "cannot truncate importance weights"),
     ],
 )
 def test_settings_the_service_lacks_are_refused(config: dict[str, float], named: str) -> None:
@@ -102,6 +103,12 @@ def test_check_algorithm_sees_what_the_loop_sends() -> None:
     with pytest.raises(ConfigError, match="algorithm.temperature=0.8"):
         check_algorithm(cfg, backend="svc", forwards_temperature=False, docs="d")
     assert check_algorithm(cfg, backend="svc", forwards_temperature=True, docs="d").temperature == 0.8
+    cfg.algorithm.temperature = 1.0
+    cfg.algorithm.tis_cap = 2.0
+    with pytest.raises(ConfigError, match=r"algorithm.tis_cap=2.0\): its ppo loss"):
+        check_algorithm(cfg, backend="svc", forwards_temperature=True, docs="d")
+    cfg.algorithm.tis_cap = 0.0
+    cfg.algorithm.temperature = 0.8
     cfg.algorithm.loss = "cross_entropy"
     assert check_algorithm(cfg, backend="svc", forwards_temperature=False, docs="d").config == {}
     cfg.algorithm.loss = "dpo"

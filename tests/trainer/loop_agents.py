@@ -71,3 +71,19 @@ async def huge_rewards(payload: dict[str, Any]) -> dict[str, Any]:
     elif payload.get("huge") == "int":
         result["reward"] = 10**400
     return result
+
+
+long_tail = AgentApp()
+
+
+@long_tail.entrypoint
+async def long_tail_solve(payload: dict[str, Any]) -> dict[str, Any]:
+    """Calls the model like succ_digit, then takes ``payload['delay_s']`` seconds (a slow
+    tool or environment) and returns a random reward, so every group has a signal and
+    every step moves the weight version."""
+    import asyncio
+    import random
+
+    await solve(payload)
+    await asyncio.sleep(float(payload.get("delay_s", 0.0)))
+    return {"reward": random.random()}

@@ -78,3 +78,39 @@ def test_clip_bounds_may_be_given_as_ratio_thresholds_as_on_every_backend() -> N
     with pytest.raises(ConfigError, match="both clip_low and clip_low_threshold"):
         parse_loss_config("ppo", {"clip_low": 0.2, "clip_low_threshold": 0.8})
     assert parse_loss_config("cispo", {}).clip_low == 1.0  # one-sided by default
+
+
+def test_tis_cap_truncates_the_importance_weight_in_the_gradient() -> None:
+    """Token 0: r = e^1.5 = 4.48 > cap 2, so its gradient weight is 2 instead of 4.48;
+    token 1 (r = 1) and token 2 (r = e^-1) are below the cap and untouched."""
+    logp_values, old_values, adv_values = [-0.5, -0.5, -2.0], [-2.0, -0.5, -1.0], [1.0, -2.0, 0.5]
+
+    def grads(name: str, **cfg: float) -> list[float]:
+        logp = torch.tensor(logp_values, requires_grad=True)
+        loss, _ = token_losses(
+            parse_loss_config(name, cfg), logp, torch.tensor(old_values), torch.tensor(adv_values)
+        )
+        loss.sum().backward()
+        assert logp.grad is not None
+        return logp.grad.tolist()
+
+    r = [math.exp(a - b) for a, b in zip(logp_values, old_values, strict=True)]
+    assert r[0] > 4
+    plain = grads("importance_sampling")
+    assert plain == pytest.approx([-r[i] * adv_values[i] for i in range(3)])
+    capped = grads("importance_sampling", tis_cap=2.0)
+    assert capped == pytest.approx([-2.0 * adv_values[0], -r[1] * adv_values[1], -r[2] * adv_values[2]])
+    # PPO with a negative advantage on a token whose ratio ran away: the unclipped branch
+    # is taken (min of -4.48 and -1.2), so without a cap its weight is the full ratio.
+    adv_values[0] = -1.0
+    assert grads("ppo")[0] == pytest.approx(r[0])
+    assert grads("ppo", tis_cap=2.0)[0] == pytest.approx(2.0)
+    # A cap above every ratio changes nothing.
+    assert grads("ppo", tis_cap=10.0) == pytest.approx(grads("ppo"))
+
+
+def test_tis_cap_is_checked() -> None:
+    with pytest.raises(ConfigError, match=r"tis_cap=0.5 must be 0 \(off\) or a finite number >= 1"):
+        parse_loss_config("ppo", {"tis_cap": 0.5})
+    with pytest.raises(ConfigError, match="loss 'cross_entropy' has no such ratio"):
+        parse_loss_config("cross_entropy", {"tis_cap": 2.0})

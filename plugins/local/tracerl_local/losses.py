@@ -12,6 +12,12 @@ sums over every token of the batch and divides by the batch's total weight
 - ``cispo``:               -sg(clip(r, 1 - clip_low, 1 + clip_high)) * adv * logp
   (sg: stop-gradient; by default only the upper side is clipped, as in MiniMax-M1)
 
+With ``tis_cap`` (``algorithm.tis_cap``, > 0) every loss but ``cross_entropy`` is
+multiplied per token by ``sg(min(1, tis_cap / r))``: a token's importance weight
+in the gradient (``r`` for ``importance_sampling`` and unclipped ``ppo``) is at
+most ``tis_cap``, so a token the sampler found much less likely than the trainer
+does (stale weights, sampler/trainer numerics) cannot dominate the step.
+
 Every loss also takes ``entropy_coef`` (default 0): ``entropy_coef * H`` is
 subtracted from each trained token's loss, H being the entropy of the
 distribution the token was sampled from. It keeps a group's samples from
@@ -44,6 +50,7 @@ class LossSettings:
     top_k: int = -1
     top_p: float = 1.0
     entropy_coef: float = 0.0
+    tis_cap: float = 0.0
 
 
 def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> LossSettings:
@@ -68,6 +75,7 @@ def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> 
         top_k=int(spec.top_k),
         top_p=spec.top_p,
         entropy_coef=spec.entropy_coef,
+        tis_cap=spec.tis_cap,
     )
     if settings.temperature < 0:
         raise ConfigError(f"loss_config temperature must be >= 0, got {settings.temperature!r}")
@@ -89,6 +97,21 @@ def token_losses(
     if name == "cross_entropy":
         return -logp, torch.zeros_like(logp)
     ratio = torch.exp(logp - old)
+    per_token, clipped = _ratio_losses(settings, logp, ratio, adv)
+    if settings.tis_cap:
+        per_token = per_token * truncation(ratio, settings.tis_cap)
+    return per_token, clipped
+
+
+def truncation(ratio: torch.Tensor, cap: float) -> torch.Tensor:
+    """``sg(min(1, cap / ratio))``: scales a token's loss so its importance weight is at most ``cap``."""
+    return (cap / ratio.detach()).clamp(max=1.0)
+
+
+def _ratio_losses(
+    settings: LossSettings, logp: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    name = settings.name
     if name == "importance_sampling":
         return -ratio * adv, torch.zeros_like(logp)
     low, high = 1.0 - settings.clip_low, 1.0 + settings.clip_high

@@ -107,14 +107,14 @@ def forward_backward_sync(
 
     Returns metrics ``loss``, ``num_tokens`` (total weight), ``logprob_diff/max``
     and ``logprob_diff/mean`` (|sampler - trainer| over weighted tokens),
-    ``clip_fraction``, ``ratio/mean`` and ``entropy`` (weighted; nats), and per-datum
+    ``clip_fraction``, ``ratio/mean``, ``tis_truncated_fraction`` (with ``tis_cap``) and ``entropy`` (weighted; nats), and per-datum
     trainer logprobs. ``settings.entropy_coef`` adds ``-entropy_coef * entropy`` to
     each token's loss.
     """
     device = next(model.parameters()).device
     total_weight = sum(sum(d.weights) for d in datums)
     norm = total_weight if total_weight > 0 else 1.0
-    loss_sum = diff_max = diff_sum = clip_sum = ratio_sum = entropy_sum = 0.0
+    loss_sum = diff_max = diff_sum = clip_sum = ratio_sum = entropy_sum = truncated_sum = 0.0
     per_datum: list[list[float]] = []
     micro = max(1, micro_batch)
     for start in range(0, len(datums), micro):
@@ -145,7 +145,10 @@ def forward_backward_sync(
                 diff_max = max(diff_max, float(diff.max()))
                 diff_sum += float((diff * weights[trained]).sum())
             clip_sum += float((clipped * weights).sum())
-            ratio_sum += float((torch.exp(logp.detach() - old) * weights).sum())
+            ratio = torch.exp(logp.detach() - old)
+            ratio_sum += float((ratio * weights).sum())
+            if settings.tis_cap:
+                truncated_sum += float(((ratio > settings.tis_cap).to(ratio.dtype) * weights).sum())
             entropy_sum += float((entropy.detach() * weights).sum())
         for i, d in enumerate(chunk):
             per_datum.append(logp[i, : len(d.model_input)].detach().float().cpu().tolist())
@@ -158,4 +161,6 @@ def forward_backward_sync(
         "ratio/mean": ratio_sum / norm,
         "entropy": entropy_sum / norm,
     }
+    if settings.tis_cap:
+        metrics["tis_truncated_fraction"] = truncated_sum / norm
     return ForwardBackwardResult(metrics=metrics, logprobs=per_datum)

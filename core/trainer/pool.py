@@ -1,0 +1,274 @@
+"""Continuous rollouts for ``trainer.mode=async``.
+
+``RolloutPool`` keeps starting GRPO groups (``group_size`` rollouts of one
+payload, in the seeded data order) while there is room, and a step takes the
+first ``batch_size`` groups that finished within the staleness bound. Room is
+``(max_staleness + 1) * batch_size`` groups started and not yet trained (the
+step being trained counts until its weights are published), further capped
+by ``max_rollouts_in_flight``. With ``max_staleness=0`` that is exactly the
+synchronous schedule: one batch starts on the current weights and the next
+one only after the update. A group's staleness is the trained weight version
+minus the oldest weight version of any token it generated (later turns of a
+rollout may run on newer weights than its first); a group past the bound is
+dropped and counted, never trained.
+
+Everything runs on the event loop, so state changes between ``await`` points
+are atomic; ``state()`` is a consistent snapshot for checkpoints (the data
+cursor plus every group started and not yet trained, which a resumed run
+starts again with the same seeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.trainer.data import DataOrder
+from core.trainer.rollouts import RolloutOutcome, RolloutRunner
+from core.types import SamplingParams
+
+
+def oldest_version(outcomes: Sequence[RolloutOutcome]) -> int | None:
+    """Lowest weight version of any generated turn in ``outcomes`` (None: no turn)."""
+    versions = [t.weight_version for o in outcomes for r in o.rows for t in r.turns]
+    return min(versions) if versions else None
+
+
+def rollout_staleness(outcomes: Sequence[RolloutOutcome], version: int) -> list[int]:
+    """``version`` minus each rollout's oldest generated token's version (rollouts with turns)."""
+    out = []
+    for o in outcomes:
+        oldest = oldest_version([o])
+        if oldest is not None:
+            out.append(max(0, version - oldest))
+    return out
+
+
+@dataclass
+class FinishedGroup:
+    """A group whose rollouts have all finished."""
+
+    seq: int
+    """Start number (0, 1, ...): the group's place in the data order and its seed."""
+    data_index: int
+    """Row of the training set."""
+    outcomes: list[RolloutOutcome]
+    """Its ``group_size`` rollouts."""
+    rerun: bool = False
+    """Started again after a resume (it was in flight at the checkpoint)."""
+
+    def staleness(self, version: int) -> int:
+        """Optimizer steps between ``version`` and the group's oldest generated token."""
+        oldest = oldest_version(self.outcomes)
+        return 0 if oldest is None else max(0, version - oldest)
+
+
+@dataclass
+class _Flow:
+    """Counters read (and reset) once per step."""
+
+    started: list[int] = field(default_factory=list)
+    """Data indices of groups started for the first time."""
+    finished_rollouts: int = 0
+    sampler_idle_s: float = 0.0
+
+
+class RolloutPool:
+    """Starts groups continuously; ``take`` hands a step its groups.
+
+    Args:
+        runner: Runs the rollouts.
+        rows: The training payloads.
+        order: The seeded data order (advanced as groups start).
+        group_size: Rollouts per group.
+        max_groups: Most groups started and not yet released by ``release``.
+        max_rollouts: Most rollouts in flight.
+        sampling: Session sampling settings of group ``seq`` (seeded by it).
+    """
+
+    def __init__(
+        self,
+        *,
+        runner: RolloutRunner,
+        rows: Sequence[dict[str, Any]],
+        order: DataOrder,
+        group_size: int,
+        max_groups: int,
+        max_rollouts: int,
+        sampling: Callable[[int], SamplingParams],
+        next_seq: int = 0,
+        requeue: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        self.runner = runner
+        self.rows = rows
+        self.order = order
+        self.group_size = group_size
+        self.max_groups = max_groups
+        self.max_rollouts = max(max_rollouts, group_size)
+        self.sampling = sampling
+        self.next_seq = next_seq
+        self._requeue = sorted(requeue)
+        self._cond = asyncio.Condition()
+        self._running: dict[int, tuple[int, asyncio.Task[None]]] = {}
+        self._ready: list[FinishedGroup] = []
+        self._training = 0
+        self._rollouts_in_flight = 0
+        self._error: BaseException | None = None
+        self._producer: asyncio.Task[None] | None = None
+        self._closed = False
+        self._flow = _Flow()
+        self._idle_since: float | None = time.perf_counter()
+
+    # -- capacity -----------------------------------------------------------------
+
+    @property
+    def outstanding(self) -> int:
+        """Groups started and not yet released (running, finished or being trained)."""
+        return len(self._running) + len(self._ready) + self._training
+
+    @property
+    def rollouts_in_flight(self) -> int:
+        return self._rollouts_in_flight
+
+    def _can_start(self) -> bool:
+        return (
+            not self._closed
+            and self._error is None
+            and self.outstanding < self.max_groups
+            and self._rollouts_in_flight + self.group_size <= self.max_rollouts
+        )
+
+    def start(self) -> None:
+        """Start the producer task."""
+        self._producer = asyncio.create_task(self._produce(), name="tracerl-rollout-pool")
+
+    async def _produce(self) -> None:
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(self._can_start)
+                self._start_next()
+
+    def _start_next(self) -> None:
+        rerun = bool(self._requeue)
+        if rerun:
+            seq, index = self._requeue.pop(0)
+        else:
+            seq, index = self.next_seq, self.order.next_batch(1)[0]
+            self.next_seq += 1
+            self._flow.started.append(index)
+        self._rollouts_in_flight += self.group_size
+        self._busy()
+        task = asyncio.create_task(self._run_group(seq, index, rerun), name=f"tracerl-group-{seq}")
+        self._running[seq] = (index, task)
+
+    def _busy(self) -> None:
+        if self._idle_since is not None:
+            self._flow.sampler_idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+
+    def _rollout_done(self, _outcome: RolloutOutcome) -> None:
+        self._rollouts_in_flight -= 1
+        self._flow.finished_rollouts += 1
+        if self._rollouts_in_flight == 0 and self._idle_since is None:
+            self._idle_since = time.perf_counter()
+
+    async def _run_group(self, seq: int, index: int, rerun: bool) -> None:
+        try:
+            outcomes = await self.runner.run_groups(
+                [(f"g{seq}", self.rows[index])],
+                group_size=self.group_size,
+                sampling=self.sampling(seq),
+                on_done=self._rollout_done,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug, not an agent fault (those are outcomes): stop the run
+            async with self._cond:
+                self._running.pop(seq, None)
+                self._error = exc
+                self._cond.notify_all()
+            return
+        async with self._cond:
+            self._running.pop(seq, None)
+            if not self._closed:
+                self._ready.append(FinishedGroup(seq, index, outcomes, rerun))
+            self._cond.notify_all()
+
+    # -- what a step does ---------------------------------------------------------------
+
+    async def take(
+        self, n: int, *, version: int, max_staleness: int
+    ) -> tuple[list[FinishedGroup], list[FinishedGroup], float]:
+        """Wait for the first ``n`` finished groups within ``max_staleness`` of ``version``.
+
+        Returns the groups (by start order), the groups dropped as too stale while
+        waiting, and the seconds waited. Taken groups count against the room until
+        ``release``.
+
+        Raises:
+            RuntimeError: a group failed outside the agent (a bug); the run stops.
+        """
+        t0 = time.perf_counter()
+        dropped: list[FinishedGroup] = []
+        async with self._cond:
+            while True:
+                if self._error is not None:
+                    raise RuntimeError(f"a rollout group failed: {self._error!r}") from self._error
+                keep = [g for g in self._ready if g.staleness(version) <= max_staleness]
+                if len(keep) < len(self._ready):
+                    dropped.extend(g for g in self._ready if g.staleness(version) > max_staleness)
+                    self._ready = keep
+                    self._cond.notify_all()  # room freed
+                if len(self._ready) >= n:
+                    break
+                await self._cond.wait()
+            taken, self._ready = self._ready[:n], self._ready[n:]
+            self._training += len(taken)
+        return sorted(taken, key=lambda g: g.seq), dropped, time.perf_counter() - t0
+
+    async def release(self, n: int) -> None:
+        """The step that took ``n`` groups has published its weights: their room is free."""
+        async with self._cond:
+            self._training -= n
+            self._cond.notify_all()
+
+    def pop_flow(self) -> tuple[list[int], int, float]:
+        """Data indices started, rollouts finished and sampler idle seconds since the last call."""
+        if self._idle_since is not None:  # close the open idle interval at now
+            now = time.perf_counter()
+            self._flow.sampler_idle_s += now - self._idle_since
+            self._idle_since = now
+        flow, self._flow = self._flow, _Flow()
+        return flow.started, flow.finished_rollouts, flow.sampler_idle_s
+
+    def state(self) -> dict[str, Any]:
+        """Checkpoint snapshot: the next start number and every group not yet trained."""
+        pending = sorted(
+            [(seq, index) for seq, (index, _) in self._running.items()]
+            + [(g.seq, g.data_index) for g in self._ready]
+            + list(self._requeue)
+        )
+        return {"next_seq": self.next_seq, "pending": [list(p) for p in pending]}
+
+    async def close(self) -> int:
+        """Stop starting groups and cancel the running ones; returns how many were discarded."""
+        self._closed = True
+        if self._producer is not None:
+            self._producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._producer
+        discarded = len(self._running) + len(self._ready) + len(self._requeue)
+        tasks = [task for _, task in self._running.values()]
+        await self.runner.cancel_groups({f"g{seq}" for seq in self._running})
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=10.0)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._running.clear()
+        self._ready.clear()
+        return discarded
