@@ -132,3 +132,31 @@ def test_cli_names_missing_keys_and_exits(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     for key in ("backend.base_model", "backend.api_key", "TINKER_API_KEY", "Nothing was sent"):
         assert key in proc.stderr
+
+
+@pytest.mark.integration
+def test_async_mode_trains_within_the_staleness_bound(tmp_path: Path, service: FakeServiceClient) -> None:
+    """trainer.mode=async: rollouts run while the service trains; the sampler reports the
+    version of the client each request started on, so staleness is measured and bounded."""
+    cfg, plugins = _cfg(
+        tmp_path / "run",
+        "trainer.max_steps=3",
+        "trainer.save_every=0",
+        "trainer.canary=false",
+        "trainer.mode=async",
+        "trainer.max_staleness=1",
+    )
+    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["weight_version"] for r in records] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in records)
+    assert any(r["async/staleness_max"] == 1 for r in records)  # trained while sampling
+
+
+def test_tis_cap_is_refused_before_anything_is_sent(tmp_path: Path, service: FakeServiceClient) -> None:
+    from core.errors import ConfigError
+
+    cfg, plugins = _cfg(tmp_path / "run", "algorithm.tis_cap=2.0", "trainer.max_steps=1")
+    with pytest.raises(ConfigError, match="cannot truncate importance weights"):
+        asyncio.run(Trainer(cfg, plugins).run())
