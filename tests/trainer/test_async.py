@@ -106,9 +106,9 @@ def test_long_tail_does_not_stall_steps_and_stale_groups_are_dropped(
     trained = [seq for r in records for seq in r["async/groups"]]
     assert 0 not in trained and len(trained) == len(set(trained)) == 80
     dropped = [seq for r in records for seq in r["async/dropped_groups"]]
-    assert dropped == [0]
-    assert sum(r["async/dropped_stale"] for r in records) == 1
-    assert sum(r["async/dropped_stale_rollouts"] for r in records) == 2
+    assert 0 in dropped and not set(dropped) & set(trained)  # (a loaded machine may drop more)
+    assert sum(r["async/dropped_stale"] for r in records) == len(dropped)
+    assert sum(r["async/dropped_stale_rollouts"] for r in records) == 2 * len(dropped)
     for r in records:
         assert r["rollouts/per_s"] >= 0 and r["time/sampler_idle"] >= 0
         assert "stale " in console_line(r)
@@ -135,6 +135,9 @@ def test_killed_async_run_resumes_with_the_same_data_order(
     calls = {"n": 0}
 
     async def dies_in_step_3(self: Trainer, datums: Any) -> dict[str, float]:
+        # Training takes a while, as on a real backend (the fake one never yields), so
+        # the next groups start while it runs.
+        await asyncio.sleep(0.1)
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("killed in step 3")
