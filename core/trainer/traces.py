@@ -55,6 +55,7 @@ ERROR_CHARS = 8000
 KINDS = ("train", "eval")
 """What a trace file holds: a training step's rollouts or an evaluation's."""
 
+_DUMP = orjson.OPT_NON_STR_KEYS
 _NAME = re.compile(r"^(train|eval)_(\d{6,})\.jsonl\.gz$")
 
 
@@ -136,19 +137,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _jsonable(value: Any) -> Any:
-    """``value`` with non-finite floats as None and tuples as lists (strict JSON)."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, str | int | bool) or value is None:
-        return value
-    if isinstance(value, float):
-        return _finite(value)
-    return str(value)
-
-
 def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:
     """The stored form of one rollout's rows (see the module docstring)."""
     out: list[dict[str, Any]] = []
@@ -171,7 +159,7 @@ def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:
                     round(lp, LOGPROB_DECIMALS) for lp, m in zip(row.logprobs, row.loss_mask, strict=True) if m
                 ],
                 "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
-                "metadata": _jsonable(row.metadata),
+                "metadata": row.metadata,
             }
         )
     return out
@@ -237,15 +225,15 @@ def encode_rollout(outcome: Any, advantage: float | None) -> dict[str, Any]:
     return {
         "rollout_id": request.rollout_id,
         "group_id": request.group_id,
-        "payload": _jsonable(payload),
+        "payload": payload,
         "status": str(result.status),
         "reward": _finite(result.reward),
         "advantage": _finite(advantage),
         "error": error,
         "elapsed_s": round(float(result.elapsed_s), 4),
-        "metrics": _jsonable(result.metrics),
-        "faults": _jsonable(getattr(outcome, "faults", {})),
-        "conversation": _jsonable(getattr(outcome, "conversation", [])),
+        "metrics": result.metrics,
+        "faults": getattr(outcome, "faults", {}),
+        "conversation": getattr(outcome, "conversation", []),
         "rows": encode_rows(outcome.rows),
     }
 
@@ -331,7 +319,8 @@ def write_trace_file(path: Path, header: Mapping[str, Any], records: Iterable[Ma
     """Write one trace file atomically (``.tmp``, then rename); returns its size in bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    body = b"".join(orjson.dumps(r) + b"\n" for r in (header, *records))
+    # orjson writes NaN and infinities as null, any other type by its str()
+    body = b"".join(orjson.dumps(r, default=str, option=_DUMP) + b"\n" for r in (header, *records))
     # mtime=0: the same rollouts give the same bytes. No fsync: a trace lost to a power
     # cut costs a view, not the run, and the step should not wait for the disk.
     tmp.write_bytes(gzip.compress(body, compresslevel=6, mtime=0))
