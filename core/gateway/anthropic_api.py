@@ -83,6 +83,9 @@ def _stop_reason(result: TurnResult) -> str:
 
 def _blocks(result: TurnResult) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if result.reasoning:
+        # No signature: the gateway's reasoning is plain text it gets back as is.
+        blocks.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
     if result.content or not result.tool_calls:
         blocks.append({"type": "text", "text": result.content})
     for call in result.tool_calls:
@@ -120,7 +123,16 @@ def messages_stream_events(result: TurnResult, model: str) -> list[bytes]:
              "usage": {"input_tokens": result.prompt_tokens, "output_tokens": 0}}
     frames = [_event("message_start", {"message": start})]
     for i, block in enumerate(msg["content"]):
-        if block["type"] == "text":
+        if block["type"] == "thinking":
+            frames.append(
+                _event("content_block_start",
+                       {"index": i, "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
+            )
+            frames.append(
+                _event("content_block_delta",
+                       {"index": i, "delta": {"type": "thinking_delta", "thinking": block["thinking"]}})
+            )
+        elif block["type"] == "text":
             frames.append(_event("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}}))
             if block["text"]:
                 frames.append(

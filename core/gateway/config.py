@@ -21,7 +21,15 @@ class GatewayConfig:
     max_context_tokens: int = 4096
     """Per-session context budget; beyond it requests get ``context_length_exceeded``."""
     tool_parser: str = "auto"
-    """Tool-call parser: auto, hermes (Qwen3 JSON), qwen3_coder (XML), llama3_json, none."""
+    """Tool-call parser: auto, hermes (Qwen3 JSON), qwen3_coder (XML), llama3_json, deepseek_v3, none."""
+    reasoning_parser: str = "auto"
+    """How reasoning is split off a turn's text for the client: auto (``think`` when the
+    template mentions ``</think>``), think (``<think>…</think>``), none."""
+    keep_reasoning: bool = False
+    """Extend the served tokens (past reasoning included) even where the chat template
+    would drop past reasoning from history: one row per session, but prompts the
+    template itself never produces. Off: such turns start a new row from the template's
+    rendering (see docs/gateway.md, Model families)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for ``apply_chat_template`` (e.g. ``enable_thinking: false``)."""
     max_body_bytes: int = 8_000_000

@@ -58,6 +58,8 @@ class Turn:
     """The turn tried to call a tool and the call did not parse."""
     choice_violated: bool = False
     """The turn did not follow its request's ``tool_choice`` (``core.gateway.toolchoice``)."""
+    reasoning: bool = False
+    """Reasoning was split off the turn's text (``reasoning_content`` of its message)."""
     extended: bool = False
     """A child already appends to ``buf`` in place; further children copy."""
 
@@ -129,7 +131,7 @@ def match_path(root: Node, units: Sequence[Unit], prefix: Matched | None = None)
         if nxt is None and children:
             canon = unit.canon()
             for child in reversed(children):
-                if child.canon == canon:
+                if child.canon == canon or (child.turn is not None and _without_reasoning(child.canon) == canon):
                     nxt = child
                     child.raw = unit.raw
                     break
@@ -138,6 +140,11 @@ def match_path(root: Node, units: Sequence[Unit], prefix: Matched | None = None)
         path.append(nxt)
         node = nxt
     return path
+
+
+def _without_reasoning(canon: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A generated message as a client that drops reasoning echoes it (most clients do)."""
+    return [{k: v for k, v in m.items() if k != "reasoning_content"} for m in canon]
 
 
 def reserve_prompt(parent: Turn, delta: list[int]) -> tuple[list[int], bool]:

@@ -18,8 +18,11 @@ Defines:
 
 Canonical messages are plain dicts: ``role`` (system, user, assistant, tool),
 ``content`` (a string), and for assistants optional ``tool_calls`` whose
-``arguments`` are a dict when they parse as a JSON object. Tool calls keep
-their ids so the same message echoed back by a client compares equal.
+``arguments`` are a dict when they parse as a JSON object, and optional
+``reasoning_content`` (the reasoning a client sends back: OpenAI
+``reasoning_content`` or ``reasoning``, Anthropic ``thinking`` blocks; the
+key Qwen3's and DeepSeek's templates read). Tool calls keep their ids so the
+same message echoed back by a client compares equal.
 """
 
 from __future__ import annotations
@@ -199,6 +202,15 @@ def _openai_convert(m: Any, i: int) -> Canon:
         calls = m.get("tool_calls")
         if calls:
             msg["tool_calls"] = _openai_tool_calls(calls, f"{param}.tool_calls")
+        for key in ("reasoning_content", "reasoning"):
+            reasoning = m.get(key)
+            if reasoning is None:
+                continue
+            if not isinstance(reasoning, str):
+                raise bad_request(f"{param}.{key} must be a string, got {type(reasoning).__name__}", param=param)
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+            break
         return [msg]
     if role == "tool":
         call_id = m.get("tool_call_id", "")
@@ -252,6 +264,7 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
     if not isinstance(content, list):
         raise bad_request(f"{param}.content must be a string or a list of blocks", param=param)
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     out: Canon = []
     for j, block in enumerate(content):
@@ -259,8 +272,12 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # reasoning is not re-rendered by Qwen-style templates
+        elif kind == "thinking" and role == "assistant":
+            if not isinstance(block.get("thinking"), str):
+                raise bad_request(f"{bparam}.thinking must be a string", param=param)
+            thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # encrypted by another provider: nothing a template could render
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                 raise bad_request(f"{bparam} must have a string 'name' and an object 'input'", param=param)
@@ -287,6 +304,8 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
         msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
         if calls:
             msg["tool_calls"] = calls
+        if "".join(thoughts):
+            msg["reasoning_content"] = "".join(thoughts)
         return [msg]
     if texts or not out:
         out.append({"role": "user", "content": "".join(texts)})

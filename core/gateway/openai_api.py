@@ -152,6 +152,8 @@ def _logprobs(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
 def chat_response(result: TurnResult, model: str) -> dict[str, Any]:
     """The ``chat.completion`` object for a finished turn."""
     message: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
     if result.tool_calls:
         message["tool_calls"] = _wire_calls(result)
         if not result.content:
@@ -176,6 +178,10 @@ def chat_stream_events(result: TurnResult, model: str, include_usage: bool) -> l
         return b"data: " + json.dumps({**base, "choices": choices, **extra}).encode() + b"\n\n"
 
     frames = [frame([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
+    thought = result.reasoning
+    for i in range(0, len(thought), _CHUNK_CHARS):
+        delta = {"reasoning_content": thought[i : i + _CHUNK_CHARS]}
+        frames.append(frame([{"index": 0, "delta": delta, "finish_reason": None}]))
     text = result.content
     for i in range(0, len(text), _CHUNK_CHARS):
         frames.append(frame([{"index": 0, "delta": {"content": text[i : i + _CHUNK_CHARS]}, "finish_reason": None}]))

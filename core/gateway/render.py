@@ -22,6 +22,18 @@ assistant content. This works for every template whose rendering of a message
 depends only on its neighbours (ChatML/Qwen, Llama 3, Hermes); a template that
 fails the self-check (the anchor render is not a prefix) makes the session fall
 back to full renders and counts it.
+
+Reasoning: after a turn whose reasoning the client sent back, the anchor's
+assistant message carries reasoning too, and the tail is rendered
+incrementally only when the template writes that reasoning where the model
+generated it (the anchor render holds it and stays a prefix). A template that
+drops past reasoning (Qwen3 after a new user message, DeepSeek R1 always)
+raises ``TailUnsupported``, so the gateway renders the history as the template
+does and the turn starts a new row.
+
+Tool-call arguments: canonical arguments are dicts; a template that
+concatenates them as strings (DeepSeek V3) gets them as JSON text
+(``string_arguments``, probed once at start).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ __all__ = ["ChatRenderer", "InvalidText", "PromptTooLong", "TailUnsupported", "T
 
 _ANCHOR_USER = "\u2063tracerl-anchor-user\u2063"
 _ANCHOR_ASSISTANT = "\u2063tracerl-anchor-assistant\u2063"
+_ANCHOR_REASONING = "\u2063tracerl-anchor-reasoning\u2063"
 
 ANCHOR_CACHE_ENTRIES = 64
 """Most tool sets whose anchor render is cached (least recently used dropped first)."""
@@ -177,6 +190,32 @@ class ChatRenderer:
         # strftime_now) flattened once: Template.render merges their ChainMap into a new dict
         # on every call, about a quarter of a tail render.
         self._globals: dict[str, Any] = dict(self._compiled.globals) if self._compiled is not None else {}
+        self.string_arguments = False
+        """Tool-call arguments are rendered as JSON text: the template refuses dicts (``_probe_arguments``)."""
+        self.string_arguments = self._probe_arguments()
+
+    def _probe_arguments(self) -> bool:
+        """Whether the template needs tool-call arguments as JSON strings: it refuses a
+        dict (DeepSeek V3 concatenates ``arguments`` to text) and accepts the string."""
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"k": "v"}}}
+        chat: list[dict[str, Any]] = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+        try:
+            self.render_text(chat, None, add_generation_prompt=False)
+            return False
+        except TemplateRefused:
+            pass
+        self.string_arguments = True
+        try:
+            self.render_text(chat, None, add_generation_prompt=False)
+            return True
+        except TemplateRefused:
+            return False
+        finally:
+            self.string_arguments = False
 
     def with_kwargs(self, extra: dict[str, Any]) -> ChatRenderer:
         """A renderer whose template also sees ``extra`` (a request's ``enable_thinking`` ...).
@@ -197,6 +236,8 @@ class ChatRenderer:
         self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, *, add_generation_prompt: bool
     ) -> str:
         """The template's text for ``messages``."""
+        if self.string_arguments:
+            messages = [_string_arguments(m) for m in messages]
         template = self._compiled
         if template is not None:
             # What Template.render does, with the globals merged in advance (shared=True
@@ -327,13 +368,13 @@ class ChatRenderer:
                 raise
         return len(self.encode(text))
 
-    def anchor_chars(self, tools: list[dict[str, Any]] | None, *, default: int) -> int:
+    def anchor_chars(self, tools: list[dict[str, Any]] | None, *, default: int, reasoning: bool = False) -> int:
         """Characters of the cached anchor render for ``tools`` (what every tail render
         re-renders), or ``default`` when it is not cached."""
         if not tools:
             return 0
         with self._anchor_lock:
-            for entry in self._anchor_cache.get(self._key(tools), ()):
+            for entry in self._anchor_cache.get(self._key(tools, reasoning), ()):
                 if entry[0] == tools:
                     return len(entry[1])
         return default
@@ -342,19 +383,15 @@ class ChatRenderer:
         """(cached tool sets, cached characters) of the anchor cache."""
         return sum(len(v) for v in self._anchor_cache.values()), self._anchor_chars
 
-    def _anchor(self, tools: list[dict[str, Any]] | None) -> tuple[str, str]:
+    def _anchor(self, tools: list[dict[str, Any]] | None, reasoning: bool = False) -> tuple[str, str]:
         """(anchor text, closer) for ``tools``, cached by tool names and matched by equality."""
-        key = self._key(tools)
+        key = self._key(tools, reasoning)
         with self._anchor_lock:
             for entry in self._anchor_cache.get(key, ()):
                 if entry[0] == tools:
                     self._anchor_cache.move_to_end(key)
                     return entry[1], entry[2]
-        anchor = [
-            {"role": "user", "content": _ANCHOR_USER},
-            {"role": "assistant", "content": _ANCHOR_ASSISTANT},
-        ]
-        text = self.render_text(anchor, tools, add_generation_prompt=False)
+        text = self.render_text(_anchor_messages(reasoning), tools, add_generation_prompt=False)
         cut = text.rfind(_ANCHOR_ASSISTANT)
         if cut < 0:
             raise TailUnsupported("the template drops assistant content")
@@ -365,11 +402,14 @@ class ChatRenderer:
         return text, closer
 
     @staticmethod
-    def _key(tools: list[dict[str, Any]] | None) -> tuple[str, ...] | None:
+    def _key(tools: list[dict[str, Any]] | None, reasoning: bool = False) -> tuple[str, ...] | None:
         try:
-            return None if tools is None else tuple(str(t["function"]["name"]) for t in tools)
+            names = None if tools is None else tuple(str(t["function"]["name"]) for t in tools)
         except (KeyError, TypeError):
-            return ("\0unnamed",)
+            names = ("\0unnamed",)
+        if reasoning:
+            return ("\0reasoning", *(names or ()))
+        return names
 
     def _remember(self, key: tuple[str, ...] | None, entry: tuple[Any, str, str]) -> None:
         bucket = self._anchor_cache.setdefault(key, [])
@@ -392,6 +432,8 @@ class ChatRenderer:
         *,
         limit: int | None = None,
         already: int = 0,
+        reasoning: bool = False,
+        keep: bool = False,
     ) -> list[int]:
         """Tokens to append after a served, generated assistant turn.
 
@@ -402,27 +444,64 @@ class ChatRenderer:
                 (``"<|im_end|>"``), or ``""`` when it was cut off.
             limit: Most tokens the continuation may have (checked before tokenizing).
             already: Tokens in front of the continuation (reported by ``PromptTooLong``).
+            reasoning: The served turn carried reasoning and the client sent it back: the
+                template must render it in history (else ``TailUnsupported``).
 
         Raises:
-            TailUnsupported: the template does not render incrementally here.
+            TailUnsupported: the template does not render incrementally here, or drops
+                the served turn's reasoning from history.
+            keep: Extend the served tokens even where the template renders the anchor
+                differently once more messages follow (Qwen3 drops the empty ``<think>``
+                block of a past turn): the tail is then what the template writes after
+                the anchor's assistant content.
             PromptTooLong: the continuation needs more than ``limit`` tokens.
             TemplateRefused: the template raised on the tail itself.
         """
-        anchor = [
-            {"role": "user", "content": _ANCHOR_USER},
-            {"role": "assistant", "content": _ANCHOR_ASSISTANT},
-        ]
+        anchor = _anchor_messages(reasoning)
         try:
-            anchor_text, closer = self._anchor(tools)
+            anchor_text, closer = self._anchor(tools, reasoning)
             full = self.render_text([*anchor, *tail], tools, add_generation_prompt=True)
         except TemplateRefused as exc:
             # The made-up anchor conversation may break a rule the real one keeps (a
             # template that wants a system message first): the full render decides.
             raise TailUnsupported(f"the template refuses the anchor conversation: {exc}") from exc
         if not full.startswith(anchor_text):
-            raise TailUnsupported("the template renders the anchor differently when followed by more messages")
-        if emitted_closer and closer.startswith(emitted_closer):
-            closer = closer[len(emitted_closer) :]
-        text = closer + full[len(anchor_text) :]
+            at = full.find(_ANCHOR_ASSISTANT)
+            if not keep or at < 0:
+                raise TailUnsupported("the template renders the anchor differently when followed by more messages")
+            # What the template writes after the assistant content: its closer, then the tail.
+            closer = full[at + len(_ANCHOR_ASSISTANT) :]
+            text = closer[len(emitted_closer) :] if emitted_closer and closer.startswith(emitted_closer) else closer
+        else:
+            if reasoning and _ANCHOR_REASONING not in anchor_text:
+                raise TailUnsupported("the template drops the turn's reasoning from history")
+            if emitted_closer and closer.startswith(emitted_closer):
+                closer = closer[len(emitted_closer) :]
+            text = closer + full[len(anchor_text) :]
         self._check_fits(text, limit, already)
         return self.encode(text)
+
+
+def _anchor_messages(reasoning: bool) -> list[dict[str, Any]]:
+    """The made-up conversation a tail is rendered after (its assistant with reasoning or not)."""
+    assistant: dict[str, Any] = {"role": "assistant", "content": _ANCHOR_ASSISTANT}
+    if reasoning:
+        assistant["reasoning_content"] = _ANCHOR_REASONING
+    return [{"role": "user", "content": _ANCHOR_USER}, assistant]
+
+
+def _string_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with its tool calls' dict arguments as JSON text (for templates that want text)."""
+    calls = message.get("tool_calls")
+    if not calls or all(isinstance(c.get("function", {}).get("arguments"), str) for c in calls):
+        return message
+    import json
+
+    out = []
+    for call in calls:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            fn = {**fn, "arguments": json.dumps(args, ensure_ascii=False)}
+        out.append({**call, "function": fn})
+    return {**message, "tool_calls": out}

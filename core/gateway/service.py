@@ -53,6 +53,7 @@ from core.gateway.history import (
     reserve_prompt,
 )
 from core.gateway.messages import Unit, canonical_tool_call, raws_of
+from core.gateway.reasoning import get_reasoning_parser
 from core.gateway.render import (
     ChatRenderer,
     InvalidText,
@@ -129,6 +130,9 @@ class TurnResult:
     """The model did not follow the request's ``tool_choice`` (``toolchoice.enforce``)."""
     logprobs: list[TokenLogprob] | None = None
     """When asked for: every sampled token but the end-of-turn token that closed the turn."""
+    reasoning: str = ""
+    """Reasoning split off the turn's text (``<think>…</think>``); '' when none. OpenAI chat
+    returns it as ``reasoning_content``, Anthropic messages as a ``thinking`` block."""
 
 
 def _check_sampler(sampler: Any) -> Sampler:
@@ -176,6 +180,9 @@ class Gateway:
         """The template's reasoning switches (what ``thinking`` / ``reasoning_effort`` may ask)."""
         self._variants: OrderedDict[str, ChatRenderer] = OrderedDict()
         self.tool_parser_name, self._parse = get_parser(self.config.tool_parser, self.renderer.template or "")
+        self.reasoning_parser_name, self._split_reasoning = get_reasoning_parser(
+            self.config.reasoning_parser, self.renderer.template or ""
+        )
         self._sampler = _check_sampler(sampler)
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, Session] = {}
@@ -270,6 +277,7 @@ class Gateway:
         meta: dict[str, Any] = dict(s.counters)
         meta["turns"] = len(s.turns)
         meta["tool_parser"] = self.tool_parser_name
+        meta["reasoning_parser"] = self.reasoning_parser_name
         meta["history_mode"] = s.history_mode
         meta["in_flight_at_finish"] = s.in_flight
         rows = build_rows(
@@ -477,11 +485,19 @@ class Gateway:
             tail = [m for node in path[gen + 1 :] for m in node.canon]
             tail += [m for u in req.units[k:] for m in u.canon()]
             size = sum(_message_chars(m) for m in tail)
-            size += renderer.anchor_chars(req.tools, default=req.size)
+            # A turn with reasoning: unless told to keep it regardless, the served tokens are
+            # extended only when the client sent the reasoning back and the template renders
+            # it in history (render_continuation checks); else the template's own rendering
+            # of the history starts a new row.
+            reasoning = parent.reasoning and not self.config.keep_reasoning
+            size += renderer.anchor_chars(req.tools, default=req.size, reasoning=reasoning)
             try:
+                if reasoning and not req.units[gen].canon()[-1].get("reasoning_content"):
+                    raise TailUnsupported("the client did not send the turn's reasoning back")
                 delta = await self._render(
                     s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, parent.emitted_closer,
-                    limit=None if limit is None else limit - parent.end, already=parent.end,
+                    limit=None if limit is None else limit - parent.end, already=parent.end, reasoning=reasoning,
+                    keep=self.config.keep_reasoning,
                 )
             except TailUnsupported:
                 s.counters["tail_fallbacks"] += 1
@@ -604,6 +620,9 @@ class Gateway:
             if hits:
                 at, stop_string = min(hits)
                 text = text[:at]
+        reasoning = ""
+        if self._split_reasoning is not None:
+            reasoning, text = self._split_reasoning(text)
         parsed = self._parse_reply(text) if req.tools else ParsedOutput(content=text)
         offered = {t["function"]["name"] for t in req.tools or ()}
         for name, _ in parsed.tool_calls:
@@ -636,11 +655,14 @@ class Gateway:
             emitted_closer=emitted,
             ill_formed=parsed.ill_formed,
             choice_violated=reply.violated,
+            reasoning=bool(reasoning),
         )
         s.turns.append(turn)
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:
             assistant["tool_calls"] = calls
+        if reasoning:
+            assistant["reasoning_content"] = reasoning
         node = path[-1] if path else s.root
         nodes = list(path)
         for unit in req.units[k:]:
@@ -670,6 +692,7 @@ class Gateway:
             stop_string=stop_string,
             tool_choice_violated=reply.violated,
             logprobs=self._token_text.logprobs(body, result.logprobs[: len(body)]) if req.logprobs else None,
+            reasoning=reasoning,
         )
 
 

@@ -8,6 +8,8 @@ Defines:
 - ``parse_hermes``: Qwen2.5/Qwen3/Hermes ``<tool_call>{"name": .., "arguments": ..}</tool_call>``.
 - ``parse_qwen3_coder``: Qwen3-Coder XML ``<tool_call><function=NAME><parameter=P>v</parameter></function></tool_call>``.
 - ``parse_llama3_json``: Llama 3.x JSON ``{"name": .., "parameters": ..}`` (optionally after ``<|python_tag|>``).
+- ``parse_deepseek_v3``: DeepSeek V3/R1 ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
+  then a fenced JSON block per call.
 - ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
 """
 
@@ -26,6 +28,7 @@ __all__ = [
     "ParsedOutput",
     "detect_parser",
     "get_parser",
+    "parse_deepseek_v3",
     "parse_hermes",
     "parse_llama3_json",
     "parse_qwen3_coder",
@@ -161,17 +164,63 @@ def parse_llama3_json(text: str) -> ParsedOutput:
     return ParsedOutput(content="", tool_calls=calls)
 
 
+DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+DS_CALLS_END = "<｜tool▁calls▁end｜>"
+_DS_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>([^\n]+)\n```(?:json)?\n(.*?)\n```<｜tool▁call▁end｜>", re.DOTALL
+)
+
+
+def parse_deepseek_v3(text: str) -> ParsedOutput:
+    """Parse DeepSeek V3/R1 tool calls: ``<｜tool▁calls▁begin｜>``, then per call
+    ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>``
+    (joined by newlines), then ``<｜tool▁calls▁end｜>``; text before the block is content."""
+    start = text.find(DS_CALLS_BEGIN)
+    if start < 0:
+        if "<｜tool▁call▁begin｜>" in text:
+            return _ill(text, f"'<｜tool▁call▁begin｜>' outside a '{DS_CALLS_BEGIN}' block")
+        return ParsedOutput(content=text)
+    body = text[start + len(DS_CALLS_BEGIN) :]
+    end = body.find(DS_CALLS_END)
+    if end < 0:
+        return _ill(text, f"unterminated '{DS_CALLS_BEGIN}' (no '{DS_CALLS_END}')")
+    if body[end + len(DS_CALLS_END) :].strip():
+        return _ill(text, "text after the tool calls")
+    calls: list[tuple[str, Any]] = []
+    pos = 0
+    block = body[:end]
+    for m in _DS_CALL.finditer(block):
+        if block[pos : m.start()].strip():
+            return _ill(text, "text between tool calls")
+        if m.group(1) != "function":
+            return _ill(text, f"tool call type {m.group(1)!r} is not 'function'")
+        try:
+            args = safejson.loads(m.group(3))
+        except ValueError as exc:
+            return _ill(text, f"tool call arguments are not JSON: {exc}")
+        if not isinstance(args, dict):
+            return _ill(text, "tool call arguments are not an object")
+        calls.append((m.group(2).strip(), args))
+        pos = m.end()
+    if not calls or block[pos:].strip():
+        return _ill(text, "a tool call is not '<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME' + a fenced JSON block")
+    return ParsedOutput(content=text[:start], tool_calls=calls)
+
+
 PARSERS: dict[str, ToolParser] = {
     "hermes": parse_hermes,
     "qwen3": parse_hermes,
     "qwen3_coder": parse_qwen3_coder,
     "llama3_json": parse_llama3_json,
+    "deepseek_v3": parse_deepseek_v3,
 }
 """Parsers by config name (``gateway.tool_parser``); ``qwen3`` is an alias of ``hermes``."""
 
 
 def detect_parser(chat_template: str) -> str | None:
     """Guess the tool-call format from a chat template's text; None when it shows none."""
+    if DS_CALLS_BEGIN in chat_template:
+        return "deepseek_v3"
     if "<function=" in chat_template and "<parameter=" in chat_template:
         return "qwen3_coder"
     if "<tool_call>" in chat_template:

@@ -1,0 +1,351 @@
+"""Real model families through the gateway: token-exact rows, or the forks the template dictates.
+
+Each test drives a multi-turn, tool-using conversation through the served
+gateway with the openai SDK, as an agent would. The model is a scripted sampler
+that emits the family's own text (its tool-call format, its reasoning tags, its
+end-of-turn token): the only fake, since a real model's output cannot be
+scripted. The tokenizers and chat templates are the families' real files
+(``tests/gateway/families``). Every row is checked against an independent
+``apply_chat_template`` rendering of the conversation, written here in the form
+the model's own template expects, not taken from the gateway's answers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from core.gateway import GatewayConfig
+from core.samplers import ScriptedSampler
+from core.tokenizer import end_of_turn_ids
+from tests.gateway.conftest import CALC_TOOL, Harness
+from tests.gateway.families import FAMILIES, load
+
+SYSTEM = "You are a calculator agent."
+QUESTION = "What is 12*7, plus 5?"
+
+
+def ids(tok: Any, text: str) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=False))
+
+
+def rendered(tok: Any, messages: list[dict[str, Any]], *, generation: bool = False, **kw: Any) -> list[int]:
+    """The independent rendering: transformers' own ``apply_chat_template``, then encoded."""
+    text = tok.apply_chat_template(
+        messages, tools=[CALC_TOOL], tokenize=False, add_generation_prompt=generation, **kw
+    )
+    return ids(tok, text)
+
+
+class Agent:
+    """An agent loop over the openai SDK: sends the history, appends what it gets back."""
+
+    def __init__(self, h: Harness, tok: Any, end: int, *, echo_reasoning: bool = True) -> None:
+        self.h, self.tok, self.end = h, tok, end
+        self.sid = h.session()
+        self.client = h.openai(self.sid)
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": QUESTION},
+        ]
+        self.echo_reasoning = echo_reasoning
+
+    def turn(self, generated: str) -> Any:
+        """One model call; the model generates ``generated`` then the end-of-turn token."""
+        self.h.sampler.push([*ids(self.tok, generated), self.end])
+        out = self.client.chat.completions.create(model="tiny", messages=self.messages, tools=[CALC_TOOL])
+        message = out.choices[0].message.model_dump(exclude_none=True)
+        if not self.echo_reasoning:
+            message.pop("reasoning_content", None)
+        self.messages.append(message)
+        return out.choices[0].message
+
+    def tool(self, content: str) -> None:
+        call_id = self.messages[-1]["tool_calls"][0]["id"]
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+
+    def user(self, content: str) -> None:
+        self.messages.append({"role": "user", "content": content})
+
+    def rows(self) -> list[Any]:
+        rows = self.h.call(self.h.gw.finish_session, self.sid)
+        for row in rows:
+            row.validate()
+        return rows
+
+
+def trained(tok: Any, row: Any) -> list[str]:
+    """The text of each span the row trains."""
+    return [tok.decode(row.token_ids[s.start : s.end]) for s in row.turns if row.loss_mask[s.start]]
+
+
+def call_text(name: str, args: dict[str, Any]) -> str:
+    return json.dumps({"name": name, "arguments": args})
+
+
+def hermes(expression: str) -> str:
+    return f"<tool_call>\n{call_text('calculator', {'expression': expression})}\n</tool_call>"
+
+
+def calls(expression: str) -> list[dict[str, Any]]:
+    """A tool call as Hugging Face chat templates take it (arguments a dict)."""
+    return [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]
+
+
+@pytest.fixture
+def family(request: pytest.FixtureRequest, make_harness: Any) -> tuple[Harness, Any]:
+    name, config = request.param
+    tok = load(name)
+    kwargs = dict(FAMILIES[name].kwargs)
+    cfg = GatewayConfig(chat_template_kwargs=kwargs, **config)
+    return make_harness(tokenizer=tok, config=cfg, sampler=ScriptedSampler(tokenizer=tok)), tok
+
+
+@pytest.mark.parametrize("family", [("qwen2.5", {})], indirect=True)
+def test_qwen25_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
+    """Qwen2.5's template is append-only: a whole session is one row equal to the template's rendering."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end)
+    first = agent.turn(hermes("12*7"))
+    assert first.tool_calls[0].function.name == "calculator" and not first.content
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(hermes("84+5"))
+    agent.tool("89")
+    assert agent.turn("The answer is 89.").content == "The answer is 89."
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "", "tool_calls": calls("84+5")},
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+    expected = rendered(tok, reference)
+    assert row.token_ids == expected[: len(row.token_ids)]
+    assert tok.decode(expected[len(row.token_ids) :]) == "\n"  # the closer's newline after the last <|im_end|>
+    assert trained(tok, row) == [hermes("12*7") + "<|im_end|>", hermes("84+5") + "<|im_end|>",
+                                 "The answer is 89.<|im_end|>", "4.<|im_end|>"]
+    assert row.metadata["tool_parser"] == "hermes" and row.metadata["reasoning_parser"] is None
+    assert row.metadata["full_renders"] == 1 and row.metadata["tail_fallbacks"] == 0
+
+
+def _think(reasoning: str, answer: str) -> str:
+    return f"<think>\n{reasoning}\n</think>\n\n{answer}"
+
+
+@pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
+def test_qwen3_thinking_tool_loop_then_new_question_forks(family: tuple[Harness, Any]) -> None:
+    """Qwen3 keeps reasoning sent back within one question's tool loop (one exact row) and
+    drops it from history once a new question comes: that turn starts a new row rendered
+    as the template renders it, and trains only itself."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end)
+    first = agent.turn(_think("Multiply first.", hermes("12*7")))
+    assert first.reasoning_content == "Multiply first."  # type: ignore[attr-defined]
+    assert first.content is None and first.tool_calls[0].function.name == "calculator"
+    agent.tool("84")
+    agent.turn(_think("Now add 5.", hermes("84+5")))
+    agent.tool("89")
+    final = agent.turn(_think("Done.", "The answer is 89."))
+    assert final.content == "The answer is 89." and final.reasoning_content == "Done."  # type: ignore[attr-defined]
+    agent.user("And 2+2?")
+    agent.turn(_think("Easy.", "4."))
+    first_row, second_row = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "", "reasoning_content": "Now add 5.", "tool_calls": calls("84+5")},
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89.", "reasoning_content": "Done."},
+    ]
+    expected = rendered(tok, reference)
+    assert first_row.token_ids == expected[: len(first_row.token_ids)]
+    assert tok.decode(expected[len(first_row.token_ids) :]) == "\n"
+    assert len(first_row.turns) == 3 and first_row.loss_mask[-1] == 1
+    # The new question: the template drops the past reasoning, so the prompt is its rendering.
+    prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True)
+    assert "Multiply first." not in tok.decode(prompt)
+    assert second_row.token_ids == prompt + [*ids(tok, _think("Easy.", "4.")), end]
+    assert trained(tok, second_row) == [_think("Easy.", "4.") + "<|im_end|>"]
+    assert second_row.metadata["tail_fallbacks"] == 1 and second_row.metadata["nonlinear_resets"] == 0
+
+
+@pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
+def test_qwen3_client_that_drops_reasoning_gets_the_templates_rendering(family: tuple[Harness, Any]) -> None:
+    """A client that does not send reasoning back: its history, as the template renders it,
+    lacks the reasoning the model was served, so the next turn starts a new row."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end, echo_reasoning=False)
+    agent.turn(_think("Multiply first.", hermes("12*7")))
+    agent.tool("84")
+    agent.turn("The answer is 84.")
+    first_row, second_row = agent.rows()
+    assert "Multiply first." in tok.decode(first_row.token_ids)
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+    ]
+    assert second_row.token_ids[: second_row.prompt_length] == rendered(tok, reference, generation=True)
+
+
+@pytest.mark.parametrize("family", [("qwen3", {"keep_reasoning": True})], indirect=True)
+def test_qwen3_keep_reasoning_extends_the_served_tokens(family: tuple[Harness, Any]) -> None:
+    """``keep_reasoning``: one row; a new question follows the served turns, past reasoning included."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end)
+    agent.turn(_think("Multiply first.", hermes("12*7")))
+    agent.tool("84")
+    agent.turn(_think("Done.", "84."))
+    agent.user("And 2+2?")
+    agent.turn(_think("Easy.", "4."))
+    (row,) = agent.rows()
+    assert trained(tok, row) == [_think("Multiply first.", hermes("12*7")) + "<|im_end|>",
+                                 _think("Done.", "84.") + "<|im_end|>", _think("Easy.", "4.") + "<|im_end|>"]
+    third = row.turns[2]
+    assert tok.decode(row.token_ids[:third.start]).endswith(
+        _think("Done.", "84.") + "<|im_end|>\n<|im_start|>user\nAnd 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize("family", [("qwen3-nothink", {})], indirect=True)
+def test_qwen3_thinking_off_forks_every_turn(family: tuple[Harness, Any]) -> None:
+    """enable_thinking=False: the generation prompt holds an empty <think> block that the template
+    leaves out of history, so each turn's prompt is the template's full rendering (one row per turn)."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end)
+    agent.turn(hermes("12*7"))
+    agent.tool("84")
+    assert agent.turn("The answer is 84.").content == "The answer is 84."
+    first_row, second_row = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+    ]
+    assert first_row.token_ids == rendered(tok, reference, generation=True, enable_thinking=False) + [
+        *ids(tok, hermes("12*7")), end
+    ]
+    reference += [{"role": "assistant", "content": "", "tool_calls": calls("12*7")}, {"role": "tool", "content": "84"}]
+    prompt = rendered(tok, reference, generation=True, enable_thinking=False)
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert second_row.token_ids == prompt + [*ids(tok, "The answer is 84."), end]
+
+
+@pytest.mark.parametrize("family", [("llama3.1", {})], indirect=True)
+def test_llama31_tool_loop_is_one_exact_row_ending_each_turn_on_eot(family: tuple[Harness, Any]) -> None:
+    h, tok = family
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    agent = Agent(h, tok, eot)
+    first = agent.turn(json.dumps({"name": "calculator", "parameters": {"expression": "12*7"}}))
+    assert first.tool_calls[0].function.name == "calculator"
+    agent.tool("84")
+    agent.turn("The answer is 84.")
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "The answer is 84."},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+    assert row.token_ids == rendered(tok, reference)
+    assert all(row.token_ids[s.end - 1] == eot for s in row.turns)
+    assert row.metadata["tool_parser"] == "llama3_json"
+
+
+def ds_call(expression: str) -> str:
+    args = json.dumps({"expression": expression})
+    return (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{args}\n```"
+            "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+
+
+@pytest.mark.parametrize("family", [("deepseek-v3", {})], indirect=True)
+def test_deepseek_v3_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
+    h, tok = family
+    eos = tok.eos_token_id
+    agent = Agent(h, tok, eos)
+    first = agent.turn(ds_call("12*7"))
+    assert first.tool_calls[0].function.name == "calculator"
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(ds_call("84+5"))
+    agent.tool("89")
+    agent.turn("The answer is 89.")
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+
+    def ds_calls(expression: str) -> list[dict[str, Any]]:  # this template concatenates arguments as text
+        args = json.dumps({"expression": expression})
+        return [{"type": "function", "function": {"name": "calculator", "arguments": args}}]
+
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": ds_calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "", "tool_calls": ds_calls("84+5")},
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+    assert row.token_ids == rendered(tok, reference)
+    assert row.metadata["tool_parser"] == "deepseek_v3" and h.gw.renderer.string_arguments
+
+
+@pytest.mark.parametrize("family", [("deepseek-r1", {})], indirect=True)
+def test_deepseek_r1_reasoning_is_split_and_each_question_is_its_own_row(family: tuple[Harness, Any]) -> None:
+    """R1's generation prompt opens <think>; the template drops reasoning from history always."""
+    h, tok = family
+    eos = tok.eos_token_id
+    agent = Agent(h, tok, eos)
+    h.sampler.push([*ids(tok, "Greet back.\n</think>\n\nHello!"), eos])
+    sid_messages = [{"role": "user", "content": "Hi"}]
+    out = agent.client.chat.completions.create(model="tiny", messages=sid_messages)  # type: ignore[arg-type]
+    message = out.choices[0].message
+    assert message.content == "Hello!" and message.reasoning_content == "Greet back."  # type: ignore[attr-defined]
+    history = [*sid_messages, message.model_dump(exclude_none=True), {"role": "user", "content": "Bye"}]
+    h.sampler.push([*ids(tok, "Say bye.\n</think>\n\nBye!"), eos])
+    agent.client.chat.completions.create(model="tiny", messages=history)  # type: ignore[arg-type]
+    first_row, second_row = agent.rows()
+    reference = [{"role": "user", "content": "Hi"}]
+    assert first_row.token_ids == rendered(tok, reference, generation=True) + [
+        *ids(tok, "Greet back.\n</think>\n\nHello!"), eos
+    ]
+    reference += [{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    prompt = rendered(tok, reference, generation=True)
+    assert "Greet back." not in tok.decode(prompt)
+    assert second_row.token_ids == prompt + [*ids(tok, "Say bye.\n</think>\n\nBye!"), eos]
+
+
+def test_end_of_turn_ids_of_the_real_families() -> None:
+    """What ``end_of_turn_ids`` finds in each family's files, and with Llama 3.1's generation config."""
+    qwen, llama, deepseek = load("qwen3"), load("llama3.1"), load("deepseek-v3")
+    assert end_of_turn_ids(qwen) == (qwen.convert_tokens_to_ids("<|im_end|>"),)
+    eos, eom, eot = (llama.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"))
+    assert end_of_turn_ids(llama) == (eos, eot)  # EOS + the template's <|eot_id|>
+    # Llama 3.1's generation_config.json lists [128001, 128008, 128009] (not shipped by the package).
+    assert end_of_turn_ids(llama, generation_config={"eos_token_id": [128001, 128008, 128009]}) == (eos, eom, eot)
+    assert end_of_turn_ids(deepseek) == (deepseek.convert_tokens_to_ids("<｜end▁of▁sentence｜>"),)
