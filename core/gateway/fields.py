@@ -14,7 +14,28 @@ from typing import Any
 from core.gateway.errors import bad_request
 
 __all__ = ["ANTHROPIC_UNHONOURED", "OPENAI_UNHONOURED", "Unhonoured", "opt_bool", "opt_int", "opt_number", "opt_stop",
-           "refuse_unhonoured"]
+           "preview", "refuse_unhonoured", "short_repr"]
+
+
+def short_repr(v: Any, limit: int = 60) -> str:
+    """``repr(v)`` for an error message, cut to about ``limit`` characters; containers by size
+    only (the repr of a value nested ~1000 deep recurses past Python's limit)."""
+    if isinstance(v, dict):
+        return f"an object of {len(v)} keys"
+    if isinstance(v, list):
+        return f"a list of {len(v)} items"
+    if isinstance(v, str):
+        return repr(v[:limit])
+    return repr(v)[:limit]
+
+
+def preview(v: Any, limit: int = 40) -> str:
+    """A short description of a client value for an error message: type and the start of its
+    repr, containers by size only (the repr of a value nested ~1000 deep recurses past
+    Python's limit, and an error message must not fail)."""
+    if isinstance(v, dict | list):
+        return short_repr(v, limit)
+    return f"{type(v).__name__} {short_repr(v, limit)}"
 
 
 def opt_int(body: dict[str, Any], key: str, *, minimum: int | None = None) -> int | None:
@@ -23,7 +44,7 @@ def opt_int(body: dict[str, Any], key: str, *, minimum: int | None = None) -> in
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise bad_request(f"'{key}' must be an integer, got {type(v).__name__} {v!r:.40}", param=key)
+        raise bad_request(f"'{key}' must be an integer, got {preview(v)}", param=key)
     if minimum is not None and v < minimum:
         raise bad_request(f"'{key}' must be >= {minimum}, got {v}", param=key)
     return v
@@ -39,7 +60,7 @@ def opt_number(
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10**9:
         raise bad_request(f"'{key}' must be in [{low}, {high}], got an integer of {len(str(abs(v)))} digits", param=key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise bad_request(f"'{key}' must be a number, got {type(v).__name__} {v!r:.40}", param=key)
+        raise bad_request(f"'{key}' must be a number, got {preview(v)}", param=key)
     if v > high or v < low or (low_open and v == low):
         bracket = "(" if low_open else "["
         raise bad_request(f"'{key}' must be in {bracket}{low}, {high}], got {v}", param=key)
@@ -52,7 +73,7 @@ def opt_bool(body: dict[str, Any], key: str) -> bool:
     if v is None:
         return False
     if not isinstance(v, bool):
-        raise bad_request(f"'{key}' must be true or false, got {type(v).__name__} {v!r:.40}", param=key)
+        raise bad_request(f"'{key}' must be true or false, got {preview(v)}", param=key)
     return v
 
 
@@ -149,5 +170,5 @@ def refuse_unhonoured(body: dict[str, Any], table: Unhonoured) -> None:
         neutral, hint = table[key]
         if v is not None and not neutral(v):
             raise bad_request(
-                f"'{key}' is not supported by this gateway ({hint}); got {v!r:.60}", param=key
+                f"'{key}' is not supported by this gateway ({hint}); got {preview(v, 60)}", param=key
             )

@@ -33,6 +33,7 @@ from typing import Any, overload
 
 from core.gateway import safejson
 from core.gateway.errors import bad_request
+from core.gateway.fields import short_repr
 
 __all__ = [
     "Unit",
@@ -142,7 +143,7 @@ def _text(content: Any, param: str, *, allow_none: bool = False) -> str:
             kind = part.get("type")
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(
-                    f"{param}[{j}] has type {kind!r}; this gateway accepts only text parts "
+                    f"{param}[{j}] has type {short_repr(kind)}; this gateway accepts only text parts "
                     "({'type': 'text', 'text': ...})",
                     param=param,
                 )
@@ -218,7 +219,7 @@ def _openai_convert(m: Any, i: int) -> Canon:
             raise bad_request(f"{param}.tool_call_id must be a string", param=param)
         return [{"role": "tool", "content": _text(m.get("content"), f"{param}.content"), "tool_call_id": call_id}]
     raise bad_request(
-        f"{param}.role is {role!r}; expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
+        f"{param}.role is {short_repr(role)}; expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
         param=param,
     )
 
@@ -258,7 +259,7 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
     role = m.get("role")
     content = m.get("content")
     if role not in ("user", "assistant"):
-        raise bad_request(f"{param}.role is {role!r}; expected 'user' or 'assistant'", param=param)
+        raise bad_request(f"{param}.role is {short_repr(role)}; expected 'user' or 'assistant'", param=param)
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -296,7 +297,7 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
             )
         else:
             raise bad_request(
-                f"{bparam} has type {kind!r}, which this gateway does not accept in a {role!r} message "
+                f"{bparam} has type {short_repr(kind)}, which this gateway does not accept in a {role!r} message "
                 "(text, tool_use in assistant turns, tool_result in user turns)",
                 param=param,
             )
@@ -335,7 +336,9 @@ def anthropic_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
             raise bad_request(f"tools[{j}] must be an object with a non-empty string 'name'", param="tools")
         if t.get("type") not in (None, "custom"):
-            raise bad_request(f"tools[{j}] has type {t.get('type')!r}; only custom tools are supported", param="tools")
+            raise bad_request(
+                f"tools[{j}] has type {short_repr(t.get('type'))}; only custom tools are supported", param="tools"
+            )
         schema = t.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, dict):
             raise bad_request(f"tools[{j}].input_schema must be a JSON schema object", param="tools")

@@ -24,7 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from core.gateway import safejson
 from core.gateway.errors import bad_request
+from core.gateway.fields import preview
 
 __all__ = ["AS_IS", "Reasoning", "anthropic_thinking", "openai_reasoning", "template_kwargs", "template_reasoning"]
 
@@ -134,7 +136,7 @@ def openai_reasoning(body: dict[str, Any], reasoning: Reasoning) -> dict[str, An
     if v is None:
         return {}
     if v not in _EFFORTS:
-        raise bad_request(f"'reasoning_effort' must be one of {list(_EFFORTS)}, got {v!r:.40}", param="reasoning_effort")
+        raise bad_request(f"'reasoning_effort' must be one of {list(_EFFORTS)}, got {preview(v)}", param="reasoning_effort")
     if reasoning.effort:
         return {"reasoning_effort": v}
     if reasoning.switch is not None and v == "none":
@@ -157,6 +159,11 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
         return {}
     if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
         raise bad_request("'chat_template_kwargs' must be an object of template variables", param="chat_template_kwargs")
+    if safejson.deeper_than(v):
+        raise bad_request(
+            f"'chat_template_kwargs' nests deeper than {safejson.MAX_DEPTH} levels; template variables need no such depth",
+            param="chat_template_kwargs",
+        )
     owned = sorted(_RESERVED & v.keys())
     if owned:
         raise bad_request(

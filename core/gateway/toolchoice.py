@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.gateway.errors import bad_request
+from core.gateway.fields import preview
 
 __all__ = ["AUTO", "Enforced", "ToolChoice", "anthropic_tool_choice", "enforce", "openai_tool_choice"]
 
@@ -120,7 +121,7 @@ def _parallel(body: dict[str, Any]) -> bool:
         return True
     if not isinstance(v, bool):
         raise bad_request(
-            f"'parallel_tool_calls' must be true or false, got {type(v).__name__} {v!r:.40}", param="parallel_tool_calls"
+            f"'parallel_tool_calls' must be true or false, got {preview(v)}", param="parallel_tool_calls"
         )
     return v
 
@@ -153,7 +154,7 @@ def openai_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None)
         return ToolChoice("required", parallel=parallel)
     if not isinstance(v, dict):
         raise bad_request(
-            f"'tool_choice' must be 'none', 'auto', 'required' or an object naming a function, got {v!r:.60}",
+            f"'tool_choice' must be 'none', 'auto', 'required' or an object naming a function, got {preview(v, 60)}",
             param="tool_choice",
         )
     kind = v.get("type")
@@ -198,7 +199,7 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
         return AUTO
     if not isinstance(v, dict):
         raise bad_request(
-            f"'tool_choice' must be an object such as {{'type': 'auto'}}, got {type(v).__name__} {v!r:.40}",
+            f"'tool_choice' must be an object such as {{'type': 'auto'}}, got {preview(v)}",
             param="tool_choice",
         )
     extra = set(v) - _ANTHROPIC_KEYS
@@ -222,5 +223,5 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
         _needs_tools("tool", tools)
         return ToolChoice("required", (_named(v.get("name"), tools, "tool_choice.name"),), parallel)
     raise bad_request(
-        f"'tool_choice.type' must be 'auto', 'any', 'tool' or 'none', got {kind!r:.40}", param="tool_choice"
+        f"'tool_choice.type' must be 'auto', 'any', 'tool' or 'none', got {preview(kind)}", param="tool_choice"
     )

@@ -274,6 +274,8 @@ def test_deep_client_json_is_never_a_5xx(harness: Harness, depth: int) -> None:
          '"content": null, "tool_calls": [' + call + ']}, {"role": "tool", "tool_call_id": "c", "content": "1"}]}'),
         ("/v1/chat/completions", False, '{"tools": [{"type": "function", "function": {"name": "f", "parameters": '
          '{"x": ' + inner + '}}}], "messages": [{"role": "user", "content": "go"}]}'),
+        ("/v1/chat/completions", False, '{"chat_template_kwargs": {"x": ' + inner + '}, '
+         '"messages": [{"role": "user", "content": "go"}]}'),
     ]
     for path, anthropic, raw in cases:
         h.push("ok")
@@ -284,6 +286,39 @@ def test_deep_client_json_is_never_a_5xx(harness: Harness, depth: int) -> None:
             assert "nests" in msg or "deep" in msg or "Recursion" in msg, msg
         if depth == 5000:
             assert r.status_code == 400 and "deeper than Python's parser allows" in r.text
+
+
+DEEP_FIELDS = [("/v1/chat/completions", f) for f in (
+    "logit_bias", "tool_choice", "seed", "n", "stream_options", "stop", "reasoning_effort", "top_logprobs",
+    "parallel_tool_calls", "temperature",
+)] + [("/v1/messages", f) for f in ("mcp_servers", "thinking", "tool_choice", "top_k", "stop_sequences")]
+
+
+def test_deep_values_of_request_fields_are_400_naming_the_field(harness: Harness) -> None:
+    """A field's value nested just under the parser's limit is a 400 naming the field: error
+    messages quote values without ``repr`` of the whole (which recursed into a 500)."""
+    h = harness
+    sid = h.session()
+    for path, field in DEEP_FIELDS:
+        body = '{"max_tokens": 8, "messages": [{"role": "user", "content": "go"}], "' + field + '": ' + _nested(990) + "}"
+        r = _post(h, path, sid, body.encode())
+        msg = _anthropic_error(r, 400) if path == "/v1/messages" else _openai_error(r, 400)
+        assert field in msg, (field, msg)
+    deep = _nested(990)
+    for path, raw, where in (
+        ("/v1/chat/completions", '{"messages": [{"role": ' + deep + ', "content": "x"}]}', "messages[0].role"),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": ' + deep + "}]}]}",
+         "messages[0].content[0]"),
+        ("/v1/messages", '{"max_tokens": 8, "messages": [{"role": ' + deep + ', "content": "x"}]}', "messages[0].role"),
+        ("/v1/messages", '{"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": ' + deep + "}]}]}",
+         "messages[0].content[0]"),
+        ("/v1/messages", '{"max_tokens": 8, "tools": [{"name": "f", "type": ' + deep + '}], '
+         '"messages": [{"role": "user", "content": "x"}]}', "tools[0]"),
+    ):
+        r = _post(h, path, sid, raw.encode())
+        msg = _anthropic_error(r, 400) if path == "/v1/messages" else _openai_error(r, 400)
+        assert where in msg, (where, msg)
+    assert h.sampler.calls == []
 
 
 LONE = '"a \\ud800 b"'  # the JSON text of a string holding a lone high surrogate
