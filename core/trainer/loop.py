@@ -532,7 +532,7 @@ class Trainer:
         step_time = time.perf_counter() - t_step
         record = self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
         record.update(self._flow_metrics(outcomes, version, flow, times, step_time))
-        record.update(self.traces.write_step(self.step, outcomes, signal.advantages))  # after time/step
+        record.update(self.traces.write_step(self.step, outcomes, signal.advantages, weight_version=version))
         return record
 
     def _flow_metrics(

@@ -6,7 +6,8 @@ logprobs and the weights that produced them. One gzip'd JSONL file per stored
 step (``step_000012.jsonl.gz``) and per evaluation (``eval_000050.jsonl.gz``):
 
 - line 1, the header: ``format``, ``kind`` (``train`` or ``eval``), ``step``,
-  ``time``, ``rollouts`` and ``tokens`` (``{id: text}`` of every token id the
+  ``time``, ``rollouts``, ``weight_version`` (the weights a training step
+  trained) and ``tokens`` (``{id: text}`` of every token id the
   file uses, decoded one by one, so the viewer needs no tokenizer);
 - one line per rollout: ids, payload (its ``_config`` dropped), status, reward,
   advantage, error, elapsed seconds, agent metrics, session faults, the
@@ -291,8 +292,12 @@ class TraceWriter:
         advantages: Mapping[str, float],
         *,
         kind: str = "train",
+        weight_version: int | None = None,
     ) -> dict[str, float]:
         """Store ``outcomes`` (``RolloutOutcome``s) of ``kind`` at ``step`` when ``wants`` says so.
+
+        ``weight_version``: the weights the step trained (async training samples with
+        older ones; the viewer shows each rollout's lag behind it).
 
         Returns ``{"traces/bytes", "time/traces"}`` for the step's metrics, or ``{}``
         when nothing was stored.
@@ -308,6 +313,7 @@ class TraceWriter:
             "step": int(step),
             "time": time.time(),
             "rollouts": len(records),
+            "weight_version": weight_version,
             "tokens": self._token_texts(ids),
         }
         path = trace_path(self.run_dir, kind, step)

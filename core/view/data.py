@@ -150,7 +150,13 @@ class RunData:
                     "error": error.strip().splitlines()[-1][:300] if error.strip() else "",
                 }
             )
-        return {"kind": kind, "step": step, "partial": traces.partial, "rollouts": out}
+        return {
+            "kind": kind,
+            "step": step,
+            "partial": traces.partial,
+            "weight_version": traces.header.get("weight_version"),
+            "rollouts": out,
+        }
 
     def rollout(self, kind: str, step: int, rollout_id: str) -> dict[str, Any]:
         """One rollout in full: its record, and each row's tokens with text, mask and logprob."""

@@ -93,12 +93,13 @@ def test_round_trip_gives_back_the_exact_rows(tmp_path: Path) -> None:
         _outcome("r1", "s1-g0", [], RolloutStatus.CRASHED, None),
     ]
     writer = TraceWriter(tmp_path, 1, decode=lambda ids: f"<{ids[0]}>")
-    stats = writer.write_step(1, outcomes, {"r0": 0.75})
+    stats = writer.write_step(1, outcomes, {"r0": 0.75}, weight_version=7)
     path = trace_path(tmp_path, "train", 1)
     assert stats["traces/bytes"] == path.stat().st_size
     got = read_traces(path)
     assert not got.partial
     assert got.header["kind"] == "train" and got.header["step"] == 1 and got.header["rollouts"] == 2
+    assert got.header["weight_version"] == 7
     some = outcomes[0].rows[0].token_ids[5]
     assert got.header["tokens"][str(some)] == f"<{some}>"
     first, failed = got.rollouts

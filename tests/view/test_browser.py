@@ -155,3 +155,78 @@ def test_overview_step_trajectory_in_chromium(trained_run: dict[str, Any], brows
     assert len(main.find_elements(By.CSS_SELECTOR, 'tr[data-status="crashed"]')) == step["rollouts/crashed"]
     for name in ("overview", "step", "failed_rollout", "rollout"):
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+
+
+def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> None:
+    """A session whose history forked (tree mode): two rows sharing a prefix, the
+    conversation with two continuations of the first reply. Written with the trace
+    writer (no training needed to lay out a fork)."""
+    from types import SimpleNamespace
+
+    from selenium.webdriver.common.by import By
+
+    from core.trainer.traces import TraceWriter
+    from core.types import (
+        FinishReason,
+        RolloutRequest,
+        RolloutResult,
+        RolloutStatus,
+        TraceRecord,
+        TurnSpan,
+    )
+
+    trunk = list(range(10, 40))
+    a, b = trunk + list(range(40, 50)), trunk + list(range(60, 66))
+
+    def row(ids: list[int], spans: list[tuple[int, int, int]], index: int) -> TraceRecord:
+        mask, lps = [0] * len(ids), [0.0] * len(ids)
+        for s, e, _ in spans:
+            mask[s:e] = [1] * (e - s)
+            lps[s:e] = [-0.1 * (k + 1) for k in range(e - s)]
+        return TraceRecord("tr-x", ids, mask, lps, 10, [TurnSpan(s, e, FinishReason.STOP, v) for s, e, v in spans], index)
+
+    rows = [row(a, [(10, 20, 1), (30, 40, 2)], 0), row(b, [(30, 36, 3)], 1)]
+    rows[1].turns.insert(0, TurnSpan(10, 20, FinishReason.STOP, 1))  # shared turn: context in row 1
+    conversation = [
+        {"parent": -1, "messages": [{"role": "user", "content": "plan <b>it</b>"}], "turn": None},
+        {"parent": 0, "messages": [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": {"q": "x"}}}]}],
+         "turn": 0, "weight_version": 1, "finish_reason": "stop"},
+        {"parent": 1, "messages": [{"role": "tool", "content": "result A", "tool_call_id": "c1"}], "turn": None},
+        {"parent": 2, "messages": [{"role": "assistant", "content": "answer A"}], "turn": 1, "weight_version": 2, "finish_reason": "stop"},
+        {"parent": 1, "messages": [{"role": "tool", "content": "result B", "tool_call_id": "c1"}], "turn": None},
+        {"parent": 4, "messages": [{"role": "assistant", "content": "answer B"}], "turn": 2, "weight_version": 3, "finish_reason": "stop"},
+    ]
+    outcome = SimpleNamespace(
+        request=RolloutRequest("r0", "s1-g0", {"q": "x"}, "http://x/v1", "tr-x", "m"),
+        result=RolloutResult("r0", RolloutStatus.OK, reward=0.5, elapsed_s=1.0),
+        rows=rows, faults={}, conversation=conversation,
+    )
+    TraceWriter(tmp_path, 1, decode=lambda ids: f"t{ids[0]} ").write_step(1, [outcome], {"r0": 0.25}, weight_version=3)
+    server = ViewServer(tmp_path, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/rollout/train/1/r0")
+        main = _wait_view(browser, "rollout")
+        branches = main.find_elements(By.CSS_SELECTOR, "#conversation .fork > .branch")
+        assert len(branches) == 2
+        assert "result A" in branches[0].text and "answer A" in branches[0].text and "answer B" not in branches[0].text
+        assert "result B" in branches[1].text and "answer B" in branches[1].text
+        assert "search" in main.find_element(By.CSS_SELECTOR, "#conversation .call").text
+        assert main.find_element(By.CSS_SELECTOR, '#conversation .msg[data-role="user"] pre').text == "plan <b>it</b>"
+        for k, want in enumerate(rows):
+            spans = main.find_elements(By.CSS_SELECTOR, f'.tokens[data-row="{k}"] span.tok')
+            assert [int(s.get_attribute("data-id")) for s in spans] == want.token_ids
+            trained = [int(s.get_attribute("data-i")) for s in spans if "trained" in s.get_attribute("class")]
+            assert trained == [i for i, m in enumerate(want.loss_mask) if m]
+        marks = main.find_elements(By.CSS_SELECTOR, '.tokens[data-row="1"] .turnmark')
+        assert [m.text for m in marks] == ["turn 1 · v1", "turn 2 · v3"]
+        browser.save_screenshot(str(tmp_path / "fork.png"))
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/step/train/1")
+        main = _wait_view(browser, "step")
+        assert main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r0"] td.weights').text == "v1 v2 v3 −2"
+    finally:
+        server.shutdown()
+        server.server_close()

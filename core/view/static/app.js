@@ -288,7 +288,9 @@
       h('td', { class: 'num' }, String(r.turns)),
       h('td', { class: 'num' }, String(r.rows)),
       h('td', { class: 'num' }, `${fmtInt(r.trained)} / ${fmtInt(r.tokens)}`),
-      h('td', { class: 'num' }, r.weight_versions.map((v) => 'v' + v).join(' ')),
+      h('td', { class: 'num weights' }, r.weight_versions.map((v) => 'v' + v).join(' '),
+        isNum(data.weight_version) && r.weight_versions.length && data.weight_version > r.weight_versions[0]
+          ? h('span', { class: 'muted', title: `sampled with weights up to ${data.weight_version - r.weight_versions[0]} versions older than the step trained (v${data.weight_version})` }, ` −${data.weight_version - r.weight_versions[0]}`) : null),
       h('td', { class: 'num' }, fmt(r.elapsed_s, 2) + ' s'),
       h('td', { class: 'mono' }, r.truncated ? h('span', { class: 'badge info' }, 'truncated') : null, ' ', short(r.error || '', 140)));
     const head = () => h('thead', {}, h('tr', {}, ['#', 'status', 'reward', 'advantage', 'turns', 'rows', 'tokens trained / all', 'weights', 'duration', 'notes, error'].map((c, i) => h('th', { class: i === 1 || i === 9 ? '' : 'num' }, c))));
