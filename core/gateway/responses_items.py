@@ -13,9 +13,10 @@ Defines:
 - ``responses_tools``: Responses-style flat function tools in chat-template form.
 
 Only text is accepted: images, files, audio and hosted-tool items are a 400
-naming the item. Reasoning items are accepted and, until the renderer takes
-reasoning back (``REASONING_KEY``), left out of the rendering, as the chat
-templates of reasoning models drop past reasoning anyway.
+naming the item. Reasoning items become the assistant message's
+``reasoning_content`` (``REASONING_KEY``), which the chat template renders where
+it keeps past reasoning (Qwen3 within one question's tool loop) and drops where
+it does not (see docs/gateway.md, Model families).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from core.gateway.messages import Canon, Unit, Units, canonical_tool_call
 
 __all__ = ["REASONING_KEY", "group_items", "item_units", "reasoning_text", "responses_tools"]
 
-REASONING_KEY: str | None = None
+REASONING_KEY: str | None = "reasoning_content"
 """The canonical assistant message key that carries reasoning back to the template
-(e.g. ``reasoning_content``); None: reasoning items are not rendered. The hook for
-reasoning-aware rendering: set it where the renderer learns to render reasoning."""
+(the key chat completions use, ``core.gateway.messages``); None: reasoning items are not rendered."""
 
 _ASSISTANT_RANK = {"reasoning": 0, "message": 1, "function_call": 2}
 """Order of the items of one assistant turn, as the gateway emits them."""

@@ -349,3 +349,60 @@ def test_end_of_turn_ids_of_the_real_families() -> None:
     # Llama 3.1's generation_config.json lists [128001, 128008, 128009] (not shipped by the package).
     assert end_of_turn_ids(llama, generation_config={"eos_token_id": [128001, 128008, 128009]}) == (eos, eom, eot)
     assert end_of_turn_ids(deepseek) == (deepseek.convert_tokens_to_ids("<｜end▁of▁sentence｜>"),)
+
+
+QWEN3_LOOP = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": QUESTION},
+    {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
+    {"role": "tool", "content": "84"},
+    {"role": "assistant", "content": "84.", "reasoning_content": "Done."},
+]
+"""The Qwen3 tool loop both dialect tests below run, as the template takes it."""
+
+
+@pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
+def test_qwen3_thinking_blocks_sent_back_on_anthropic_messages_keep_one_exact_row(
+    family: tuple[Harness, Any],
+) -> None:
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    sid = h.session()
+    client = h.anthropic(sid)
+    tool = {"name": "calculator", "description": CALC_TOOL["function"]["description"],  # type: ignore[index]
+            "input_schema": CALC_TOOL["function"]["parameters"]}  # type: ignore[index]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    h.sampler.push([*ids(tok, _think("Multiply first.", hermes("12*7"))), end])
+    first = client.messages.create(model="tiny", max_tokens=64, system=SYSTEM, messages=messages, tools=[tool])
+    assert [b.type for b in first.content] == ["thinking", "tool_use"]
+    blocks = [b.model_dump(exclude_none=True) for b in first.content]
+    messages += [{"role": "assistant", "content": blocks},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[1].id,  # type: ignore[union-attr]
+                                               "content": "84"}]}]
+    h.sampler.push([*ids(tok, _think("Done.", "84.")), end])
+    final = client.messages.create(model="tiny", max_tokens=64, system=SYSTEM, messages=messages, tools=[tool])
+    assert final.content[0].thinking == "Done." and final.content[1].text == "84."  # type: ignore[union-attr]
+    (row,) = h.call(h.gw.finish_session, sid)
+    expected = rendered(tok, QWEN3_LOOP)
+    assert row.token_ids == expected[: len(row.token_ids)] and tok.decode(expected[len(row.token_ids) :]) == "\n"
+
+
+@pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
+def test_qwen3_reasoning_items_sent_back_on_responses_keep_one_exact_row(family: tuple[Harness, Any]) -> None:
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    sid = h.session()
+    client = h.openai(sid)
+    tool = {"type": "function", **CALC_TOOL["function"]}  # type: ignore[dict-item]
+    items: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    h.sampler.push([*ids(tok, _think("Multiply first.", hermes("12*7"))), end])
+    first = client.responses.create(model="tiny", instructions=SYSTEM, input=items, tools=[tool])  # type: ignore[arg-type, list-item]
+    assert [o.type for o in first.output] == ["reasoning", "function_call"]
+    items += [o.model_dump(exclude_none=True) for o in first.output]
+    items.append({"type": "function_call_output", "call_id": first.output[1].call_id, "output": "84"})  # type: ignore[union-attr]
+    h.sampler.push([*ids(tok, _think("Done.", "84.")), end])
+    final = client.responses.create(model="tiny", instructions=SYSTEM, input=items, tools=[tool])  # type: ignore[arg-type, list-item]
+    assert final.output_text == "84."
+    (row,) = h.call(h.gw.finish_session, sid)
+    expected = rendered(tok, QWEN3_LOOP)
+    assert row.token_ids == expected[: len(row.token_ids)] and tok.decode(expected[len(row.token_ids) :]) == "\n"

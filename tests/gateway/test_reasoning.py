@@ -1,0 +1,122 @@
+"""Reasoning split off generated turns, returned in each dialect and taken back; DeepSeek V3 tool calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.errors import ConfigError
+from core.gateway import GatewayConfig
+from core.gateway.errors import GatewayError
+from core.gateway.messages import anthropic_units, openai_units
+from core.gateway.reasoning import get_reasoning_parser, split_think
+from core.gateway.toolparse import detect_parser, parse_deepseek_v3
+from core.samplers import ScriptedSampler
+from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer
+from tests.gateway.conftest import Harness
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>\nplan\n</think>\n\nanswer", ("plan", "answer")),
+        ("plan\n</think>\n\nanswer", ("plan", "answer")),  # <think> was in the generation prompt (R1)
+        ("<think>\n\n</think>\n\nanswer", ("", "answer")),
+        ("<think>\ncut off mid-thought", ("cut off mid-thought", "")),
+        ("no reasoning here", ("", "no reasoning here")),
+        ("text first <think>x</think> y", ("", "text first <think>x</think> y")),
+    ],
+)
+def test_split_think(text: str, expected: tuple[str, str]) -> None:
+    assert split_think(text) == expected
+
+
+def test_reasoning_parser_is_detected_from_the_template_and_can_be_set() -> None:
+    assert get_reasoning_parser("auto", "{{ '</think>' }}")[0] == "think"
+    assert get_reasoning_parser("auto", CHATML_TOOLS_TEMPLATE) == (None, None)
+    assert get_reasoning_parser("think", "")[0] == "think"
+    assert get_reasoning_parser("none", "</think>") == (None, None)
+    with pytest.raises(ConfigError, match="unknown gateway.reasoning_parser 'r1'"):
+        get_reasoning_parser("r1", "")
+
+
+DS_CALL = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calc\n```json\n{\"e\": \"1+1\"}\n```"
+    "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>clock\n```json\n{}\n```<｜tool▁call▁end｜>"
+    "<｜tool▁calls▁end｜>"
+)
+
+
+def test_deepseek_v3_calls_parse_and_broken_ones_are_ill_formed() -> None:
+    out = parse_deepseek_v3("Checking." + DS_CALL)
+    assert out.content == "Checking." and out.tool_calls == [("calc", {"e": "1+1"}), ("clock", {})]
+    assert parse_deepseek_v3("plain").tool_calls == [] and not parse_deepseek_v3("plain").ill_formed
+    for broken in (
+        DS_CALL[: -len("<｜tool▁calls▁end｜>")],  # unterminated
+        DS_CALL.replace('{"e": "1+1"}', "{e: }"),  # not JSON
+        DS_CALL.replace("function<｜tool▁sep｜>calc", "builtin<｜tool▁sep｜>calc"),
+        DS_CALL + " trailing",
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>x\n```json\n{}\n```<｜tool▁call▁end｜>",  # no block
+    ):
+        out = parse_deepseek_v3(broken)
+        assert out.ill_formed and out.content == broken and out.error
+    assert detect_parser("{{'<｜tool▁calls▁begin｜>'}}") == "deepseek_v3"
+
+
+def test_reasoning_sent_back_becomes_reasoning_content() -> None:
+    openai = openai_units([{"role": "assistant", "content": "a", "reasoning_content": "r"}])
+    assert openai[0].canon() == [{"role": "assistant", "content": "a", "reasoning_content": "r"}]
+    assert openai_units([{"role": "assistant", "content": "a", "reasoning": "r"}])[0].canon()[0]["reasoning_content"] == "r"
+    with pytest.raises(GatewayError, match=r"messages\[0\].reasoning_content must be a string"):
+        openai_units([{"role": "assistant", "content": "a", "reasoning_content": 3}])[0].canon()
+    blocks = [{"type": "thinking", "thinking": "r", "signature": "s"}, {"type": "redacted_thinking", "data": "x"},
+              {"type": "text", "text": "a"}]
+    anthropic = anthropic_units(None, [{"role": "assistant", "content": blocks}])
+    assert anthropic[0].canon() == [{"role": "assistant", "content": "a", "reasoning_content": "r"}]
+
+
+THINK_TEMPLATE = CHATML_TOOLS_TEMPLATE + "{#- reasoning: <think></think> -#}"
+
+
+@pytest.fixture
+def thinking(make_harness: Any) -> Harness:
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320, chat_template=THINK_TEMPLATE)
+    return make_harness(tokenizer=tok, sampler=ScriptedSampler(tokenizer=tok), config=GatewayConfig())
+
+
+def test_openai_returns_reasoning_content_streamed_or_not(thinking: Harness) -> None:
+    h = thinking
+    h.push("<think>\nweigh it\n</think>\n\nYes.", "<think>\nagain\n</think>\n\nNo.")
+    client = h.openai(h.session())
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}])
+    message = out.choices[0].message
+    assert message.content == "Yes." and message.reasoning_content == "weigh it"  # type: ignore[attr-defined]
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}], stream=True))
+    deltas = [c.choices[0].delta.model_dump() for c in chunks if c.choices]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "again"
+    assert "".join(d.get("content") or "" for d in deltas) == "No."
+
+
+def test_anthropic_returns_thinking_blocks_streamed_or_not(thinking: Harness) -> None:
+    h = thinking
+    h.push("<think>\nweigh it\n</think>\n\nYes.", "<think>\nagain\n</think>\n\nNo.")
+    client = h.anthropic(h.session())
+    msg = client.messages.create(model="tiny", max_tokens=64, messages=[{"role": "user", "content": "q"}])
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking == "weigh it" and msg.content[1].text == "Yes."  # type: ignore[union-attr]
+    with client.messages.stream(model="tiny", max_tokens=64, messages=[{"role": "user", "content": "q"}]) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == "again" and final.content[1].text == "No."  # type: ignore[union-attr]
+
+
+def test_trained_tokens_keep_the_reasoning(thinking: Harness) -> None:
+    h = thinking
+    h.push("<think>\nweigh it\n</think>\n\nYes.")
+    sid = h.session()
+    h.openai(sid).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}])
+    (row,) = h.call(h.gw.finish_session, sid)
+    (span,) = row.turns
+    assert h.tok.decode(row.token_ids[span.start : span.end]) == "<think>\nweigh it\n</think>\n\nYes.<|im_end|>"
+    assert row.metadata["reasoning_parser"] == "think"
