@@ -271,7 +271,7 @@ def _wire_args(args: Any) -> str:
 def _output_items(result: TurnResult) -> list[dict[str, Any]]:
     """The output items of a turn: reasoning, then the message, then one item per tool call."""
     items: list[dict[str, Any]] = []
-    reasoning = getattr(result, "reasoning", None)  # set by a reasoning-aware parser, when there is one
+    reasoning = result.reasoning  # split off by the gateway's reasoning parser (core.gateway.reasoning)
     if reasoning:
         items.append({
             "type": "reasoning", "id": "rs_" + secrets.token_hex(16), "summary": [],

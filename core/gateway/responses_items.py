@@ -28,9 +28,9 @@ from core.gateway.messages import Canon, Unit, Units, canonical_tool_call
 
 __all__ = ["REASONING_KEY", "group_items", "item_units", "reasoning_text", "responses_tools"]
 
-REASONING_KEY: str | None = "reasoning_content"
+REASONING_KEY = "reasoning_content"
 """The canonical assistant message key that carries reasoning back to the template
-(the key chat completions use, ``core.gateway.messages``); None: reasoning items are not rendered."""
+(``core.gateway.messages``)."""
 
 _ASSISTANT_RANK = {"reasoning": 0, "message": 1, "function_call": 2}
 """Order of the items of one assistant turn, as the gateway emits them."""
@@ -183,7 +183,7 @@ def _convert_turn(items: list[Any], param: str, start: int) -> Canon:
                 )
             calls.append(canonical_tool_call(call_id, name, args, param=f"{where}.arguments"))
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if REASONING_KEY is not None and thoughts:
+    if "".join(thoughts):
         msg[REASONING_KEY] = "".join(thoughts)
     if calls:
         msg["tool_calls"] = calls
