@@ -28,14 +28,14 @@ from itertools import count
 from typing import Any
 
 from core.gateway.errors import SURROGATE_HINT, GatewayError, bad_request
-from core.gateway.fields import opt_bool, opt_int, opt_number
+from core.gateway.fields import opt_bool, opt_int, opt_number, short_repr
 from core.gateway.messages import raws_of
 from core.gateway.responses_items import group_items, item_units, responses_tools
 from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.session import Session
 from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning
-from core.gateway.toolchoice import openai_tool_choice
+from core.gateway.toolchoice import ToolChoice, openai_tool_choice
 from core.types import FinishReason
 
 __all__ = [
@@ -126,7 +126,10 @@ def _check_fields(body: dict[str, Any]) -> None:
             continue
         if key == "conversation":
             raise _refuse(key, "is not supported: continue a conversation with previous_response_id")
-        raise _refuse(key, "is not supported by this gateway (docs/gateway.md lists the Responses fields it serves)")
+        raise bad_request(
+            f"'{key[:60]}' is not supported by this gateway (docs/gateway.md lists the Responses fields it serves)",
+            param=key[:60],
+        )
     if opt_bool(body, "background"):
         raise _refuse("background", "must be false: responses are answered in the request")
     if body.get("truncation") not in (None, "disabled"):
@@ -173,7 +176,7 @@ def _reasoning(body: dict[str, Any], offered: Reasoning) -> dict[str, Any]:
         if v.get(key) not in (None, "auto"):
             raise _refuse(
                 "reasoning",
-                f"has {key} {v[key]!r:.20}: the model writes no summaries; the reasoning item carries its "
+                f"has {key} {short_repr(v[key], 20)}: the model writes no summaries; the reasoning item carries its "
                 "reasoning text (send 'auto' or drop it)",
             )
     try:
@@ -234,8 +237,11 @@ def parse_responses_request(
     if store is not None and not isinstance(store, bool):
         raise _refuse("store", f"must be true or false, got {type(store).__name__}")
     metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise _refuse("metadata", "must be an object of string keys and values")
+    if metadata is not None and (
+        not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise _refuse("metadata", "must be an object of string keys and string values")
+    user = _str_or_none(body, "user")
     echo = {
         "instructions": instructions,
         "max_output_tokens": req.max_tokens,
@@ -243,13 +249,29 @@ def parse_responses_request(
         "parallel_tool_calls": choice.parallel,
         "previous_response_id": prev_id,
         "temperature": req.temperature,
-        "tool_choice": body.get("tool_choice") or "auto",
+        "tool_choice": _choice_wire(choice, body.get("tool_choice")),
         "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
-        "tools": body.get("tools") or [],
+        "tools": [_flat(t) for t in tools or ()],
         "top_p": req.top_p,
-        "user": body.get("user"),
+        "user": user,
     }
     return ResponsesCall(req, opt_bool(body, "stream"), store is not False, previous, first_new, echo)
+
+
+def _choice_wire(choice: ToolChoice, sent: Any) -> Any:
+    """``tool_choice`` as the response object repeats it: rebuilt from what was parsed,
+    so nothing unvalidated from the request is echoed."""
+    if choice.names is None:
+        return choice.mode
+    tools = [{"type": "function", "name": n} for n in choice.names]
+    if isinstance(sent, dict) and sent.get("type") == "function":
+        return tools[0]
+    return {"type": "allowed_tools", "mode": choice.mode, "tools": tools}
+
+
+def _flat(tool: dict[str, Any]) -> dict[str, Any]:
+    """A chat-form tool as the Responses flat tool the response object lists."""
+    return {"type": "function", **tool["function"]}
 
 
 def input_error(err: GatewayError, body: dict[str, Any]) -> GatewayError:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.gateway.errors import bad_request
+from core.gateway.fields import short_repr
 from core.gateway.messages import Canon, Unit, Units, canonical_tool_call
 
 __all__ = ["REASONING_KEY", "group_items", "item_units", "reasoning_text", "responses_tools"]
@@ -72,9 +73,9 @@ def _kind(item: Any, param: str) -> str:
             if kind == "item_reference"
             else "; this gateway serves function tools only"
         )
-        raise bad_request(f"{param}.type is {kind!r}, which this gateway does not accept{hint}", param="input")
+        raise bad_request(f"{param}.type is {short_repr(kind)}, which this gateway does not accept{hint}", param="input")
     raise bad_request(
-        f"{param}.type is {kind!r}; expected 'message', 'function_call', 'function_call_output' or 'reasoning'",
+        f"{param}.type is {short_repr(kind)}; expected 'message', 'function_call', 'function_call_output' or 'reasoning'",
         param="input",
     )
 
@@ -127,7 +128,7 @@ def _text(content: Any, param: str) -> str:
             texts.append(part["text"])
         else:
             raise bad_request(
-                f"{param}[{j}] has type {kind!r}; this gateway accepts only text parts "
+                f"{param}[{j}] has type {short_repr(kind)}; this gateway accepts only text parts "
                 "({'type': 'input_text' or 'output_text', 'text': ...})",
                 param="input",
             )
@@ -159,7 +160,7 @@ def _convert_single(item: Any, param: str) -> Canon:
     if role == "user":
         return [{"role": "user", "content": _text(item.get("content"), f"{param}.content")}]
     raise bad_request(
-        f"{param}.role is {role!r}; expected 'user', 'system', 'developer' or 'assistant'", param="input"
+        f"{param}.role is {short_repr(role)}; expected 'user', 'system', 'developer' or 'assistant'", param="input"
     )
 
 
@@ -241,7 +242,7 @@ def responses_tools(tools: Any) -> list[dict[str, Any]] | None:
             raise bad_request(f"tools[{j}] must be an object, got {type(t).__name__}", param="tools")
         if t.get("type") != "function":
             raise bad_request(
-                f"tools[{j}].type is {t.get('type')!r}; this gateway serves function tools only "
+                f"tools[{j}].type is {short_repr(t.get('type'))}; this gateway serves function tools only "
                 "({'type': 'function', 'name': ..., 'parameters': {...}})",
                 param="tools",
             )
@@ -256,6 +257,8 @@ def responses_tools(tools: Any) -> list[dict[str, Any]] | None:
             if not isinstance(t["description"], str):
                 raise bad_request(f"tools[{j}].description must be a string", param="tools")
             fn["description"] = t["description"]
+        if t.get("strict") is not None and not isinstance(t["strict"], bool):
+            raise bad_request(f"tools[{j}].strict must be true or false", param="tools")
         fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
         out.append({"type": "function", "function": fn})
     return out
