@@ -30,6 +30,16 @@ from core.types import (
     SamplingParams,
 )
 
+__all__ = [
+    "LOSS_NAMES",
+    "DrivingBackend",
+    "LossName",
+    "RolloutRuntime",
+    "Sampler",
+    "Tokenizer",
+    "TrainingBackend",
+]
+
 LossName: TypeAlias = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
 """Losses every driven backend understands (Tinker's names)."""
 

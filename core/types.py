@@ -27,6 +27,23 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
 
+__all__ = [
+    "AdamParams",
+    "Datum",
+    "FinishReason",
+    "ForwardBackwardResult",
+    "Logprobs",
+    "Metrics",
+    "RolloutRequest",
+    "RolloutResult",
+    "RolloutStatus",
+    "SampleResult",
+    "SamplingParams",
+    "TokenIds",
+    "TraceRecord",
+    "TurnSpan",
+]
+
 TokenIds: TypeAlias = list[int]
 Logprobs: TypeAlias = list[float]
 Metrics: TypeAlias = dict[str, float]

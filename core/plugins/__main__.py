@@ -85,14 +85,23 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (``--check``: 1 when anything is broken)."""
     parser = argparse.ArgumentParser(
         prog="python -m core.plugins",
-        description="List installed tracerl backends and runtimes, or check them.",
+        description="List installed tracerl backends and runtimes, check them, or start a new plugin.",
     )
     parser.add_argument(
         "--check",
         action="store_true",
         help="import every plugin, validate every registration and config node; exit 1 naming each broken one",
     )
+    sub = parser.add_subparsers(dest="command")
+    new = sub.add_parser("new", help="write a working plugin distribution (with a passing conformance test)")
+    new.add_argument("name", help="the runtime or backend name, e.g. mypool (lower case)")
+    new.add_argument("--kind", choices=("runtime", "backend"), default="runtime")
+    new.add_argument("--dest", default=".", help="folder to write tracerl-NAME/ into")
     args = parser.parse_args(argv)
+    if args.command == "new":
+        from core.plugins.scaffold import main as scaffold_main
+
+        return scaffold_main(args.name, args.dest, args.kind)
     plugins = load_plugins()
     if args.check:
         return _check(plugins)

@@ -106,15 +106,24 @@ class LocalRuntime:
         self._closed = False
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LocalRuntime:
-        """Build from the composed Hydra config (``cfg.runtime``, ``cfg.task.agent``, ``cfg.task.agent_env``)."""
+    def from_config(cls, cfg: Any, *, node: Any = None) -> LocalRuntime:
+        """Build from the composed Hydra config (``cfg.runtime``, ``cfg.task.agent``, ``cfg.task.agent_env``).
+
+        Args:
+            cfg: The composed run config.
+            node: The runtime settings to read instead of ``cfg.runtime``: a plugin
+                that wraps this runtime passes its own node. Only the
+                ``LocalRuntimeConfig`` fields are read; a wrapper's extra fields
+                (and ``name``) are left to the wrapper.
+        """
         agent = str(cfg.task.agent or "")
         if not agent:
             raise ConfigError(
                 "task.agent is empty; set it to the agent app, e.g. task.agent=my_agent:app"
             )
-        names = _config_field_names()
-        values = {k: cfg.runtime[k] for k in names if k in cfg.runtime}
+        names = _config_field_names() - {"name"}
+        settings = cfg.runtime if node is None else node
+        values = {k: settings[k] for k in names if k in settings}
         env = {str(k): str(v) for k, v in dict(cfg.task.get("agent_env") or {}).items()}
         return cls(agent, config=LocalRuntimeConfig(**values), env=env)
 

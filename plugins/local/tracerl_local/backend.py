@@ -33,11 +33,22 @@ META_FILE = "meta.json"
 
 
 def _to_backend_config(node: Any) -> LocalBackendConfig:
-    if isinstance(node, LocalBackendConfig):
-        return node
-    from omegaconf import OmegaConf
+    """``LocalBackendConfig`` from a node that has its fields and maybe more.
 
-    merged = OmegaConf.merge(OmegaConf.structured(LocalBackendConfig), node)
+    Fields this backend does not know (a wrapping plugin's own) are left out,
+    so a plugin whose config subclasses ``LocalBackendConfig`` can pass its
+    node as is; Hydra and ``Plugins.check_config`` already refused typos.
+    """
+    if type(node) is LocalBackendConfig:
+        return node
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(node, DictConfig):
+        node = OmegaConf.structured(node) if dataclasses.is_dataclass(node) else OmegaConf.create(node)
+    known = [f.name for f in dataclasses.fields(LocalBackendConfig) if f.name in node and f.name != "name"]
+    merged = OmegaConf.merge(OmegaConf.structured(LocalBackendConfig), OmegaConf.masked_copy(node, known))
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, LocalBackendConfig)
     return obj
@@ -92,9 +103,13 @@ class LocalBackend:
         )
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LocalBackend:
+    def from_config(cls, cfg: Any, *, node: Any = None) -> LocalBackend:
         """Build from the composed run config (``cfg.backend``, ``cfg.seed`` and the task's
-        tokenizer corpus, used by the ``tiny`` preset)."""
+        tokenizer corpus, used by the ``tiny`` preset).
+
+        ``node`` replaces ``cfg.backend`` (a wrapping plugin passes its own node);
+        only ``LocalBackendConfig`` fields are read from it, extra fields are ignored.
+        """
         task = cfg.get("task") or {}
         corpus = None
         spec = str(task.get("tokenizer_corpus", "") or "")
@@ -108,7 +123,7 @@ class LocalBackend:
                     "'package.module:function' returning a list of texts"
                 ) from exc
         return cls(
-            _to_backend_config(cfg.backend),
+            _to_backend_config(cfg.backend if node is None else node),
             seed=int(cfg.get("seed", 0) or 0),
             tokenizer_corpus=corpus,
             tokenizer_vocab_size=int(task.get("tokenizer_vocab_size", 0) or 0),
