@@ -17,6 +17,7 @@ import pytest
 
 from core.gateway.app import TOOL_CHOICE_HEADER
 from core.gateway.service import call_seed, turn_seed
+from core.gateway.thinking import template_reasoning
 from core.gateway.tokentext import TokenText, _byte_table
 from core.samplers.scripted import fake_logprob
 from core.types import SamplingParams
@@ -407,3 +408,56 @@ def test_neutral_and_metadata_fields_are_accepted(harness: Harness) -> None:
                 model="tiny", max_tokens=64, messages=[{"role": "user", "content": "hi"}], extra_body={field: value}
             )
         _anthropic_400(exc, field)
+
+
+def test_real_templates_reasoning_switches_are_found() -> None:
+    """Qwen3 has ``enable_thinking``; DeepSeek R1 always reasons; the others never do."""
+    from tests.gateway.families import FAMILIES, TEMPLATES, files
+
+    def template(name: str) -> str:  # the text only: loading every tokenizer takes seconds
+        family = FAMILIES[name]
+        if family.template is not None:
+            return (TEMPLATES / family.template).read_text(encoding="utf-8")
+        config = json.loads((files(family) / "tokenizer_config.json").read_text(encoding="utf-8"))
+        return str(config["chat_template"])
+
+    found = {name: template_reasoning(template(name)) for name in FAMILIES}
+    assert {n for n, r in found.items() if r.switch == "enable_thinking"} == {"qwen3", "qwen3-nothink"}
+    assert {n for n, r in found.items() if r.always} == {"deepseek-r1"}
+    assert not any(r.effort for r in found.values())
+
+
+def test_qwen3_thinking_off_renders_as_apply_chat_template_does(make_harness: Any) -> None:
+    """Anthropic ``thinking: disabled`` on Qwen3's real template is its ``enable_thinking=False``."""
+    from tests.gateway.families import load
+
+    tok = load("qwen3")
+    h = make_harness(tokenizer=tok)
+    h.sampler.default = h.reply("ok")
+    sid = h.session(sampling=SamplingParams(max_tokens=4096))
+    msgs: list[Any] = [{"role": "user", "content": "hi"}]
+    anth = h.anthropic(sid)
+    anth.messages.create(model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "disabled"})
+    anth.messages.create(
+        model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    for call, enable in zip(h.sampler.calls, (False, True), strict=True):
+        expected = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=enable)
+        assert list(call.prompt_token_ids) == tok.encode(expected, add_special_tokens=False)
+    assert tok.decode(h.sampler.calls[0].prompt_token_ids).endswith(NO_THINK)
+
+
+def test_deepseek_r1_cannot_turn_thinking_off(make_harness: Any) -> None:
+    from tests.gateway.families import load
+
+    h = make_harness(tokenizer=load("deepseek-r1"))
+    h.sampler.default = h.reply("ok")
+    anth = h.anthropic(h.session(sampling=SamplingParams(max_tokens=4096)))
+    msgs: list[Any] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        anth.messages.create(model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "disabled"})
+    _anthropic_400(exc, "thinking")
+    anth.messages.create(
+        model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    assert len(h.sampler.calls) == 1
