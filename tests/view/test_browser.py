@@ -193,7 +193,8 @@ def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> No
             {"id": "c1", "type": "function", "function": {"name": "search", "arguments": {"q": "x"}}}]}],
          "turn": 0, "weight_version": 1, "finish_reason": "stop"},
         {"parent": 1, "messages": [{"role": "tool", "content": "result A", "tool_call_id": "c1"}], "turn": None},
-        {"parent": 2, "messages": [{"role": "assistant", "content": "answer A"}], "turn": 1, "weight_version": 2, "finish_reason": "stop"},
+        {"parent": 2, "messages": [{"role": "assistant", "content": "answer A", "reasoning_content": "think A"}],
+         "turn": 1, "weight_version": 2, "finish_reason": "stop"},
         {"parent": 1, "messages": [{"role": "tool", "content": "result B", "tool_call_id": "c1"}], "turn": None},
         {"parent": 4, "messages": [{"role": "assistant", "content": "answer B"}], "turn": 2, "weight_version": 3, "finish_reason": "stop"},
     ]
@@ -213,6 +214,7 @@ def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> No
         assert len(branches) == 2
         assert "result A" in branches[0].text and "answer A" in branches[0].text and "answer B" not in branches[0].text
         assert "result B" in branches[1].text and "answer B" in branches[1].text
+        assert branches[0].find_element(By.CSS_SELECTOR, "details.reasoning pre").text == "think A"
         assert "search" in main.find_element(By.CSS_SELECTOR, "#conversation .call").text
         assert main.find_element(By.CSS_SELECTOR, '#conversation .msg[data-role="user"] pre').text == "plan <b>it</b>"
         for k, want in enumerate(rows):

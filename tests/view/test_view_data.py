@@ -119,3 +119,30 @@ def test_not_a_run_directory_is_a_clear_error(trained_run: dict[str, Any], tmp_p
     with pytest.raises(ConfigError, match="does not exist"):
         RunData(tmp_path / "nope")
     assert view_main([str(tmp_path), "--static", str(tmp_path / "x.html")]) == 2
+
+
+def test_cli_serves_the_run_on_loopback(trained_run: dict[str, Any]) -> None:
+    """``python -m core.view RUN_DIR --port 0`` prints its URL and serves the run there."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core.view", str(trained_run["run_dir"]), "--port", "0"],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split(" at ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:"), line
+        with urllib.request.urlopen(url + "api/run", timeout=30) as resp:
+            assert json.loads(resp.read())["traces"] == {"train": [1, 2, 3], "eval": [0, 3]}
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            assert b'id="app"' in resp.read()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)  # reaps it and closes the pipes

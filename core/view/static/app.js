@@ -346,6 +346,8 @@
       if (m.name) head.append(h('span', { class: 'mono' }, String(m.name)));
       if (m.tool_call_id) head.append(h('span', { class: 'mono muted' }, String(m.tool_call_id)));
       const box = h('div', { class: 'msg ' + role.replace(/[^a-z]/g, ''), 'data-role': role }, head);
+      const thought = m.reasoning_content || m.reasoning;
+      if (thought) box.appendChild(h('details', { class: 'reasoning', open: true }, h('summary', {}, 'reasoning'), h('pre', {}, jsonText(thought))));
       const content = m.content;
       if (content !== null && content !== undefined && content !== '') box.appendChild(h('pre', { class: 'content' }, jsonText(content)));
       for (const call of m.tool_calls || []) {
