@@ -5,6 +5,7 @@ Defines ``build_app(gateway)``, a Starlette application serving
 - ``POST /v1/chat/completions`` (OpenAI, streaming and not),
 - ``POST /v1/responses`` (OpenAI Responses, streaming and not), ``GET`` and
   ``DELETE /v1/responses/{id}`` (the session's stored responses),
+  ``POST /v1/responses/input_tokens`` (the prompt's token count),
 - ``POST /v1/messages``, ``POST /v1/messages/count_tokens`` (Anthropic),
 - ``GET /v1/models``, ``GET /health``, and the admin routes (``core.gateway.admin``),
 
@@ -286,6 +287,21 @@ def build_app(gateway: Gateway) -> HotRoutes:
             return _flagged(_sse(response_stream_events(response)), result)
         return _flagged(_json(response), result)
 
+    async def responses_input_tokens(request: Request) -> Response:
+        sid = _session_id(request)
+        s = gateway.open_session(sid)
+        raw = await read_raw(request, limit, timeout)
+        body = parse_body(raw)
+        call = parse_responses_request(body, s.responses, gateway.reasoning)
+        size = len(raw) + (call.previous.size if call.previous is not None else 0)
+        try:
+            n = await gateway.count_prompt(
+                sid, call.req.units, call.req.tools, size=size, template_kwargs=call.req.template_kwargs
+            )
+        except GatewayError as err:
+            raise input_error(err, body) from None
+        return _json({"object": "response.input_tokens", "input_tokens": n})
+
     def _stored(request: Request) -> tuple[dict[str, Any], str]:
         s = gateway.open_session(_session_id(request))
         rid = str(request.path_params["rid"])
@@ -332,6 +348,8 @@ def build_app(gateway: Gateway) -> HotRoutes:
             Route(prefix + "/v1/chat/completions", openai_chat, methods=["POST"]),
             Route(prefix + "/v1/models", list_models, methods=["GET"]),
             Route(prefix + "/v1/responses", openai_responses, methods=["POST"]),
+            Route(prefix + "/v1/responses/input_tokens", _endpoint(responses_input_tokens, anthropic=False),
+                  methods=["POST"]),
             Route(prefix + "/v1/responses/{rid}", _endpoint(get_response, anthropic=False), methods=["GET"]),
             Route(prefix + "/v1/responses/{rid}", _endpoint(delete_response, anthropic=False), methods=["DELETE"]),
         ]

@@ -153,10 +153,15 @@ def test_store_retrieve_delete_and_store_false(harness: Harness) -> None:
     # Another session cannot see this session's responses.
     with pytest.raises(openai.BadRequestError):
         h.openai(other).responses.create(model="tiny", input="x", previous_response_id=kept.id)
+    # input_tokens counts the prompt the same request would be fed.
+    counted = client.responses.input_tokens.count(model="tiny", input="again", previous_response_id=kept.id)
+    h.push("four")
+    assert counted.input_tokens == client.responses.create(
+        model="tiny", input="again", previous_response_id=kept.id).usage.input_tokens  # type: ignore[union-attr]
     client.responses.delete(kept.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
-    assert len(h.gw.session(sid).turns) == 2  # store=false turns are still recorded for training
+    assert len(h.gw.session(sid).turns) == 3  # store=false turns are still recorded for training
 
 
 def test_max_output_tokens_gives_incomplete(harness: Harness) -> None:
