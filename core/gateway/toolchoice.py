@@ -53,13 +53,6 @@ class ToolChoice:
     parallel: bool = True
     """More than one call may be returned."""
 
-    @property
-    def label(self) -> str:
-        """Short form for trace metadata: ``auto``, ``none``, ``required``, ``tool:NAME``."""
-        if self.names is not None and len(self.names) == 1 and self.mode == "required":
-            return f"tool:{self.names[0]}"
-        return self.mode if self.names is None else f"{self.mode}:{','.join(self.names)}"
-
 
 AUTO = ToolChoice()
 """The default: whatever the model calls is returned."""

@@ -461,3 +461,33 @@ def test_deepseek_r1_cannot_turn_thinking_off(make_harness: Any) -> None:
         model="tiny", max_tokens=2048, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}
     )
     assert len(h.sampler.calls) == 1
+
+
+def test_tool_choice_shapes_and_enforcement() -> None:
+    """The shapes the SDK tests above do not send: allowed_tools (chat and Responses forms),
+    Responses' flat named function, and enforce's rules on a parse."""
+    from core.gateway.errors import GatewayError
+    from core.gateway.toolchoice import ToolChoice, enforce, openai_tool_choice
+
+    tools = [CALC_TOOL, WEATHER_TOOL]
+    chat = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "weather"}}]}}
+    flat = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "weather"}]}
+    assert openai_tool_choice({"tool_choice": chat}, tools) == ToolChoice("required", ("weather",))
+    assert openai_tool_choice({"tool_choice": flat}, tools) == ToolChoice("auto", ("weather",))
+    named = {"type": "function", "name": "calculator"}
+    assert openai_tool_choice({"tool_choice": named, "parallel_tool_calls": False}, tools) == ToolChoice(
+        "required", ("calculator",), parallel=False
+    )
+    with pytest.raises(GatewayError) as exc:
+        openai_tool_choice({"tool_choice": {**flat, "tools": [{"type": "function", "name": "nope"}]}}, tools)
+    assert exc.value.param == "tool_choice" and "'nope'" in exc.value.message
+    calc, weather = ("calculator", {"expression": "1"}), ("weather", {"city": "Oslo"})
+    subset = enforce(ToolChoice("auto", ("weather",)), "pre", [calc, weather], "TEXT")
+    assert (subset.calls, subset.dropped, subset.violated, subset.content) == ([weather], 1, True, "pre")
+    free = enforce(ToolChoice("auto", ("weather",)), "just text", [], "just text")
+    assert (free.calls, free.violated) == ([], False)
+    single = enforce(ToolChoice(parallel=False), "pre", [calc, weather], "TEXT")
+    assert (single.calls, single.dropped, single.violated) == ([calc], 1, False)
+    forced = enforce(ToolChoice("required", ("weather",)), "pre", [calc], "TEXT")
+    assert (forced.calls, forced.content, forced.violated) == ([], "TEXT", True)
