@@ -254,23 +254,43 @@ class _EntryPoint:
     load: Callable[[], Any]
 
 
-def _entry_points() -> list[_EntryPoint]:
-    """Every entry point of the group, first distribution wins (as pluggy does)."""
+def _entry_points() -> tuple[list[_EntryPoint], list[PluginProblem]]:
+    """Every entry point of the group, first distribution wins (as pluggy does), and a
+    problem for each entry-point name a second, different distribution also claims."""
     import importlib.metadata
 
     out: dict[str, _EntryPoint] = {}
+    clashes: list[PluginProblem] = []
     for dist in importlib.metadata.distributions():
+        dist_name = dist.metadata["name"]
         for ep in dist.entry_points:
-            if ep.group != ENTRY_POINT_GROUP or ep.name in out:
+            if ep.group != ENTRY_POINT_GROUP:
+                continue
+            first = out.get(ep.name)
+            if first is not None:
+                if first.distribution != dist_name:  # the same one twice on sys.path is harmless
+                    loser = Registration(ep.name, dist_name, dist.version, ep.value)
+                    clashes.append(
+                        PluginProblem(
+                            kind="duplicate",
+                            origin=loser,
+                            message=(
+                                f"entry point {ep.name!r} is claimed by distribution "
+                                f"{first.distribution} {first.version} ({first.module}) and by "
+                                f"{dist_name} {dist.version} ({ep.value}); only {first.distribution}'s "
+                                f"is loaded. Uninstall the one you do not want."
+                            ),
+                        )
+                    )
                 continue
             out[ep.name] = _EntryPoint(
                 name=ep.name,
                 module=ep.value,
-                distribution=dist.metadata["name"],
+                distribution=dist_name,
                 version=dist.version,
                 load=ep.load,
             )
-    return list(out.values())
+    return list(out.values()), clashes
 
 
 def _where(exc: BaseException) -> str:
@@ -362,9 +382,8 @@ def load_plugins(*, extra_plugins: tuple[Any, ...] = ()) -> Plugins:
     blocks = _blocked_names()
     for name in blocks:
         pm.set_blocked(name)
-    entry_points = _entry_points() if not os.environ.get(NO_AUTOLOAD_ENV) else []
+    entry_points, problems = _entry_points() if not os.environ.get(NO_AUTOLOAD_ENV) else ([], [])
     blocked, unmatched = _match_blocks(blocks, entry_points)
-    problems: list[PluginProblem] = []
     origins: dict[str, Registration] = {}
 
     for module_name in BUILTIN_PLUGINS:

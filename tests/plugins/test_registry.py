@@ -6,6 +6,7 @@ import itertools
 import pickle
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -205,3 +206,28 @@ def test_runtime_spec_registered_by_plugin() -> None:
 
     plugins = load_plugins(extra_plugins=(_module(tracerl_register_runtimes=tracerl_register_runtimes),))
     assert plugins.runtime("mine").config == {"workers": 3}
+
+
+def _dist_info(root: Path, dist: str, version: str, entry: str) -> None:
+    """An installed distribution as importlib.metadata finds it on sys.path (a .dist-info folder)."""
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[tracerl]\n{entry}\n")
+
+
+def test_entry_point_name_claimed_by_two_distributions_is_a_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "clash_one.py").write_text("")
+    (tmp_path / "clash_two.py").write_text("")
+    _dist_info(tmp_path, "tracerl-clash-one", "1.0", "clash = clash_one")
+    _dist_info(tmp_path, "tracerl-clash-two", "2.0", "clash = clash_two")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = load_plugins()
+    (problem,) = [p for p in plugins.problems if p.origin.plugin == "clash"]
+    assert problem.message.startswith("entry point 'clash' is claimed by distribution tracerl-clash-")
+    assert "tracerl-clash-one 1.0 (clash_one)" in problem.message
+    assert "tracerl-clash-two 2.0 (clash_two)" in problem.message
+    loaded = plugins.manager.get_plugin("clash").__name__  # whichever sys.path listed first
+    assert f"only tracerl-clash-{loaded.split('_')[1]}'s is loaded" in problem.message
