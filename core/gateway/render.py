@@ -441,7 +441,9 @@ class ChatRenderer:
             tail: Canonical messages after that assistant message (may be empty).
             tools: Tools offered on this request.
             emitted_closer: Text of the stop token the model ended its turn with
-                (``"<|im_end|>"``), or ``""`` when it was cut off.
+                (``"<|im_end|>"``), or ``""`` when it was cut off. When the template
+                closes the turn with something else, the served tokens are not its
+                rendering: ``TailUnsupported`` (unless ``keep``).
             limit: Most tokens the continuation may have (checked before tokenizing).
             already: Tokens in front of the continuation (reported by ``PromptTooLong``).
             reasoning: The served turn carried reasoning and the client sent it back: the
@@ -475,9 +477,13 @@ class ChatRenderer:
         else:
             if reasoning and _ANCHOR_REASONING not in anchor_text:
                 raise TailUnsupported("the template drops the turn's reasoning from history")
-            if emitted_closer and closer.startswith(emitted_closer):
-                closer = closer[len(emitted_closer) :]
-            text = closer + full[len(anchor_text) :]
+            if emitted_closer and not closer.startswith(emitted_closer):
+                # e.g. gpt-oss ends a final answer with <|return|> and writes <|end|> in history,
+                # Llama 3.1 stops on <|eom_id|> where its template writes <|eot_id|>.
+                raise TailUnsupported(
+                    f"the turn ended with {emitted_closer!r}, which the template does not write after it"
+                )
+            text = closer[len(emitted_closer) :] + full[len(anchor_text) :]
         self._check_fits(text, limit, already)
         return self.encode(text)
 

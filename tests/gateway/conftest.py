@@ -90,10 +90,18 @@ def make_harness(byte_tokenizer: Any) -> Iterator[Callable[..., Harness]]:
     """Factory: ``make_harness(config=GatewayConfig(...), tokenizer=..., sampler=...)``."""
     made: list[Harness] = []
 
-    def make(config: GatewayConfig | None = None, tokenizer: Any = None, sampler: ScriptedSampler | None = None) -> Harness:
+    def make(
+        config: GatewayConfig | None = None,
+        tokenizer: Any = None,
+        sampler: ScriptedSampler | None = None,
+        generation_config: Any = None,
+    ) -> Harness:
         tok = tokenizer or byte_tokenizer
         sampler = sampler or ScriptedSampler(tokenizer=tok)
-        gw = Gateway(tokenizer=tok, sampler=sampler, config=config or GatewayConfig(), model_id="tiny")
+        gw = Gateway(
+            tokenizer=tok, sampler=sampler, config=config or GatewayConfig(), model_id="tiny",
+            generation_config=generation_config,
+        )
         server, loop, close = _serve(gw)
         h = Harness(gw, sampler, server, tok, loop, [close])
         made.append(h)

@@ -406,3 +406,29 @@ def test_qwen3_reasoning_items_sent_back_on_responses_keep_one_exact_row(family:
     (row,) = h.call(h.gw.finish_session, sid)
     expected = rendered(tok, QWEN3_LOOP)
     assert row.token_ids == expected[: len(row.token_ids)] and tok.decode(expected[len(row.token_ids) :]) == "\n"
+
+
+def test_llama31_turn_ended_on_eom_forks_to_the_templates_eot(make_harness: Any) -> None:
+    """Llama 3.1's generation config makes <|eom_id|> a stop id, but its template (without
+    builtin tools) closes every turn with <|eot_id|>: extending the served tokens would feed
+    a context the template never writes, so the next turn is the template's rendering."""
+    tok = load("llama3.1")
+    eom = tok.convert_tokens_to_ids("<|eom_id|>")
+    sampler = ScriptedSampler(tokenizer=tok)
+    # Llama 3.1's generation_config.json eos list (the package ships no generation config).
+    h = make_harness(tokenizer=tok, sampler=sampler, generation_config={"eos_token_id": [128001, 128008, 128009]})
+    assert eom in h.gw.end_of_turn_ids
+    agent = Agent(h, tok, eom)
+    agent.turn(json.dumps({"name": "calculator", "parameters": {"expression": "12*7"}}))
+    agent.tool("84")
+    agent.turn("84.")
+    first_row, second_row = agent.rows()
+    assert first_row.token_ids[-1] == eom and len(first_row.turns) == 1
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+    ]
+    assert second_row.token_ids[: second_row.prompt_length] == rendered(tok, reference, generation=True)
+    assert second_row.metadata["tail_fallbacks"] == 1
