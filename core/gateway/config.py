@@ -27,8 +27,8 @@ class GatewayConfig:
     template mentions ``</think>``), think (``<think>…</think>``), none."""
     keep_reasoning: bool = False
     """Extend the served tokens (past reasoning included) even where the chat template
-    would drop past reasoning from history: one row per session, but prompts the
-    template itself never produces. Off: such turns start a new row from the template's
+    would drop past reasoning from history or close the turn with another token: one
+    row per session, but prompts the template itself never produces. Off: such turns start a new row from the template's
     rendering (see docs/gateway.md, Model families)."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for ``apply_chat_template`` (e.g. ``enable_thinking: false``)."""

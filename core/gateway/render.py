@@ -477,13 +477,15 @@ class ChatRenderer:
         else:
             if reasoning and _ANCHOR_REASONING not in anchor_text:
                 raise TailUnsupported("the template drops the turn's reasoning from history")
-            if emitted_closer and not closer.startswith(emitted_closer):
+            if emitted_closer and not closer.startswith(emitted_closer) and not keep:
                 # e.g. gpt-oss ends a final answer with <|return|> and writes <|end|> in history,
                 # Llama 3.1 stops on <|eom_id|> where its template writes <|eot_id|>.
                 raise TailUnsupported(
                     f"the turn ended with {emitted_closer!r}, which the template does not write after it"
                 )
-            text = closer[len(emitted_closer) :] + full[len(anchor_text) :]
+            if emitted_closer and closer.startswith(emitted_closer):
+                closer = closer[len(emitted_closer) :]
+            text = closer + full[len(anchor_text) :]
         self._check_fits(text, limit, already)
         return self.encode(text)
 
