@@ -14,6 +14,7 @@
   };
   let RUN = null;
   let pollTimer = null;
+  let explorerKey = '';
   const stepState = { status: 'all', min: '', max: '', sort: 'prompt', grouped: true };
 
   // ---------------------------------------------------------------- helpers
@@ -90,7 +91,7 @@
     const W = 560, H = 210, L = 48, R = 10, T = 10, B = 24;
     const pw = W - L - R, ph = H - T - B;
     const xs = [...new Set(series.flatMap((s) => s.pts.map((p) => p[0])))].sort((a, b) => a - b);
-    const box = h('div', { class: 'panel chart', 'data-chart': title }, h('h3', {}, title));
+    const box = h('div', { class: opts.bare ? 'chart' : 'panel chart', 'data-chart': title }, h('h3', {}, title));
     if (!xs.length) { box.appendChild(h('p', { class: 'muted' }, opts.empty || 'no data yet')); return box; }
     const x0 = xs[0], x1 = xs[xs.length - 1] === x0 ? x0 + 1 : xs[xs.length - 1];
     let y0 = 0, y1 = 0;
@@ -206,9 +207,9 @@
     if (staleKeys.length) grid.appendChild(chart('Staleness', staleKeys.map((k, i) => ({ name: k, color: COLORS[i % COLORS.length], pts: seriesOf(steps, k) })), { pick }));
     const explorer = h('div', { class: 'panel' });
     const sel = h('select', { id: 'metric-select' }, numericKeys.map((k) => h('option', { value: k }, k)));
-    const drawExplorer = () => explorer.replaceChildren(h('div', { class: 'controls' }, h('label', {}, 'any metric: '), sel), chart(sel.value || 'metric', [{ name: sel.value, color: COLORS[4], pts: seriesOf(steps, sel.value) }], { pick }));
-    sel.value = numericKeys.includes('train/logprob_diff_max') ? 'train/logprob_diff_max' : numericKeys[0] || '';
-    sel.addEventListener('change', drawExplorer);
+    const drawExplorer = () => explorer.replaceChildren(h('div', { class: 'controls' }, h('label', {}, 'any metric: '), sel), chart(sel.value || 'metric', [{ name: sel.value, color: COLORS[4], pts: seriesOf(steps, sel.value) }], { pick, bare: true }));
+    sel.value = numericKeys.includes(explorerKey) ? explorerKey : numericKeys.includes('train/logprob_diff_max') ? 'train/logprob_diff_max' : numericKeys[0] || '';
+    sel.addEventListener('change', () => { explorerKey = sel.value; drawExplorer(); });
     drawExplorer();
     grid.appendChild(explorer);
 
@@ -422,7 +423,8 @@
       hover.style.display = 'block';
     });
     toks.addEventListener('mouseleave', () => { const hv = document.getElementById('hover'); if (hv) hv.style.display = 'none'; });
-    return h('div', { class: 'rowbox panel' }, head, strip, toks);
+    const meta = h('details', { class: 'rowmeta' }, h('summary', {}, 'row metadata (gateway counters, sampling settings per turn)'), h('pre', {}, JSON.stringify(row.metadata || {}, null, 1)));
+    return h('div', { class: 'rowbox panel' }, head, strip, toks, meta);
   }
   function rolloutBody(r, compact) {
     const faults = Object.entries(r.faults || {}).filter(([k, v]) => v && k !== 'model_turns').map(([k, v]) => `${k} ${v}`).join(', ');
