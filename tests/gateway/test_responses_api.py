@@ -164,6 +164,29 @@ def test_store_retrieve_delete_and_store_false(harness: Harness) -> None:
     assert len(h.gw.session(sid).turns) == 3  # store=false turns are still recorded for training
 
 
+def test_branches_from_one_response_are_rows_sharing_its_prefix(harness: Harness) -> None:
+    """Two continuations of one stored response (tree mode): two rows, the shared turn trained once."""
+    h = harness
+    replies = [h.reply("root"), h.reply("left"), h.reply("right")]
+    h.sampler.push(*replies)
+    sid = h.session(history_mode="tree")
+    client = h.openai(sid)
+    root = client.responses.create(model="tiny", instructions=SYSTEM, input="start")
+    left = client.responses.create(model="tiny", instructions=SYSTEM, input="go left", previous_response_id=root.id)
+    right = client.responses.create(model="tiny", instructions=SYSTEM, input="go right", previous_response_id=root.id)
+    assert (left.output_text, right.output_text) == ("left", "right")
+    rows = h.call(h.gw.finish_session, sid)
+    assert len(rows) == 2 and rows[0].metadata["full_renders"] == 1
+    for row, side in zip(rows, ("left", "right"), strict=True):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "start"},
+                    {"role": "assistant", "content": "root"}, {"role": "user", "content": f"go {side}"},
+                    {"role": "assistant", "content": side}]
+        full = _render_ids(h.tok, messages, None)
+        assert row.token_ids == full[: len(row.token_ids)]
+    s0, e0 = rows[0].turns[0].start, rows[0].turns[0].end
+    assert rows[0].loss_mask[s0:e0] == [1] * (e0 - s0) and rows[1].loss_mask[s0:e0] == [0] * (e0 - s0)
+
+
 def test_max_output_tokens_gives_incomplete(harness: Harness) -> None:
     h = harness
     h.push("a long answer that will not fit")
