@@ -136,6 +136,22 @@ def test_plugin_that_raises_is_named_and_its_names_dropped() -> None:
     assert "Traceback" in problem.detail
     # its half-done registration is gone, so the other plugin's "half" is no longer a duplicate
     assert plugins.backends.origin("half").plugin != mod.__name__
+    # asking for a name the broken plugin would provide fails with its message
+    with pytest.raises(PluginError, match="Set TRACERL_DEBUG=1 for the traceback") as info:
+        plugins.runtime(mod.__name__)
+    assert "Traceback" not in str(info.value)
+
+
+def test_debug_flag_puts_the_traceback_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    @hookimpl
+    def tracerl_register_backends(registry):  # type: ignore[no-untyped-def]
+        raise KeyError("boom")
+
+    mod = _module(tracerl_register_backends=tracerl_register_backends)
+    monkeypatch.setenv("TRACERL_DEBUG", "1")
+    plugins = load_plugins(extra_plugins=(mod,))
+    with pytest.raises(PluginError, match=r"(?s)KeyError: 'boom'.*Traceback \(most recent call last\)"):
+        plugins.backend(mod.__name__)
 
 
 def test_blocked_plugin_is_not_loaded_and_says_blocked(monkeypatch: pytest.MonkeyPatch) -> None:
