@@ -33,6 +33,8 @@ REASONING_KEY = "reasoning_content"
 """The canonical assistant message key that carries reasoning back to the template
 (``core.gateway.messages``)."""
 
+_KINDS = ("message", "function_call", "function_call_output", "reasoning")
+"""The item types accepted (a tuple: ``in`` compares with ``==``, so an unhashable ``type`` is fine)."""
 _ASSISTANT_RANK = {"reasoning": 0, "message": 1, "function_call": 2}
 """Order of the items of one assistant turn, as the gateway emits them."""
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -65,7 +67,7 @@ def _kind(item: Any, param: str) -> str:
     kind = item.get("type")
     if kind is None and "role" in item:
         return "message"
-    if kind in ("message", "function_call", "function_call_output", "reasoning"):
+    if kind in _KINDS:
         return str(kind)
     if kind in _REFUSED_ITEMS:
         hint = (
@@ -95,12 +97,13 @@ def group_items(items: Any, *, start: int = 0) -> list[Any]:
     run: list[Any] | None = None
     rank = -1
     for i, item in enumerate(items, start):
-        kind = _kind(item, f"input[{i}]")
-        if kind == "message" and item.get("role") != "assistant":
-            run = None
-            out.append(item)
-            continue
-        if kind == "function_call_output":
+        # Inline for the usual item (the whole history is resent every turn); _kind for the rest.
+        kind = item.get("type") if type(item) is dict else None
+        if kind is None and type(item) is dict and "role" in item:
+            kind = "message"
+        elif kind not in _KINDS:
+            kind = _kind(item, f"input[{i}]")
+        if kind == "function_call_output" or (kind == "message" and item.get("role") != "assistant"):
             run = None
             out.append(item)
             continue
