@@ -13,7 +13,9 @@ the official SDKs) and returns a reward.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -59,14 +61,47 @@ def tokenizer_corpus() -> list[str]:
     return texts * 30
 
 
-def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: int = 0) -> None:
-    """Write ``rows`` random training payloads and one eval payload per digit."""
+LONG_TAIL_Z99 = 2.3263
+"""The 99th percentile of the standard normal: a lognormal delay with sigma
+``ln(ratio) / LONG_TAIL_Z99`` has p99 / p50 = ``ratio``."""
+
+
+def long_tail_delays(n: int, *, p50_s: float, ratio: float = 10.0, seed: int = 0) -> list[float]:
+    """``n`` seeded lognormal delays (seconds) with median ``p50_s`` and p99/p50 ``ratio``."""
+    if p50_s < 0 or ratio < 1:
+        raise ValueError(f"long tail needs p50_s >= 0 and ratio >= 1, got {p50_s!r}, {ratio!r}")
+    rng = random.Random(f"long-tail-{seed}")
+    sigma = math.log(ratio) / LONG_TAIL_Z99
+    return [p50_s * math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(n)]
+
+
+def write_dataset(
+    train_path: str,
+    eval_path: str,
+    *,
+    rows: int = 1000,
+    seed: int = 0,
+    long_tail_p50_s: float = 0.0,
+    long_tail_ratio: float = 10.0,
+) -> None:
+    """Write ``rows`` random training payloads and one eval payload per digit.
+
+    ``long_tail_p50_s`` > 0 makes the task behave like an agent with slow tools:
+    each training row gets a ``delay_s`` (seeded lognormal, median
+    ``long_tail_p50_s``, p99/p50 ``long_tail_ratio``) that the agent waits after
+    its model call; all rollouts of a row wait the same. The rows themselves
+    (and so the data) are the same as without it.
+    """
     rng = random.Random(seed)
+    delays = long_tail_delays(rows, p50_s=long_tail_p50_s, ratio=long_tail_ratio, seed=seed)
     Path(train_path).parent.mkdir(parents=True, exist_ok=True)
     with open(train_path, "w") as f:
-        for _ in range(rows):
+        for i in range(rows):
             n = rng.randrange(10)
-            f.write(json.dumps({"payload": {"n": n, "answer": str((n + 1) % 10)}}) + "\n")
+            payload: dict[str, Any] = {"n": n, "answer": str((n + 1) % 10)}
+            if long_tail_p50_s > 0:
+                payload["delay_s"] = round(delays[i], 4)
+            f.write(json.dumps({"payload": payload}) + "\n")
     with open(eval_path, "w") as f:
         for n in range(10):
             f.write(json.dumps({"payload": {"n": n, "answer": str((n + 1) % 10)}}) + "\n")
@@ -102,6 +137,8 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     if response.status_code != 200:
         raise RuntimeError(f"gateway answered HTTP {response.status_code}: {response.text[:500]}")
     reply = response.json()["choices"][0]["message"]["content"] or ""
+    if payload.get("delay_s"):  # the long-tail option: a slow tool after the model call
+        await asyncio.sleep(float(payload["delay_s"]))
     return {
         "reward": charwise_reward(reply, str(payload["answer"])),
         "metrics": {"reply_chars": float(len(reply.strip()))},
