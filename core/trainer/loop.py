@@ -515,7 +515,7 @@ class Trainer:
         self.step += 1
         async_state = None
         if self.pool is not None:
-            await self.pool.release(len(outcomes) // int(self.t.group_size))
+            await self.pool.release(len(flow["async/groups"]))
             # Cut the started-groups log and snapshot the pool at one instant, so the
             # checkpoint and metrics.jsonl agree on which groups started before it.
             flow["data/started"], finished, flow["time/sampler_idle"] = self.pool.pop_flow()
@@ -556,7 +556,7 @@ class Trainer:
             # checkpoints and evaluates.
             out["time/sampler_idle"] = max(0.0, step_time - times.rollout)
             out["rollouts/finished"] = len(outcomes)
-        out["rollouts/per_s"] = out["rollouts/finished"] / step_time if step_time > 0 else 0.0
+        out["rollouts/s"] = out["rollouts/finished"] / step_time if step_time > 0 else 0.0
         return out
 
     def _record(
