@@ -140,7 +140,9 @@ def test_store_retrieve_delete_and_store_false(harness: Harness) -> None:
     kept = client.responses.create(model="tiny", input="hi")
     assert kept.store is True
     assert client.responses.retrieve(kept.id).output_text == "one"
-    cont = client.responses.create(model="tiny", input="more", previous_response_id=kept.id, store=False)
+    by_path = h.openai("ignored", base_url=f"{h.server.root_url}/sessions/{sid}/v1")  # the session in the path
+    assert by_path.responses.retrieve(kept.id).id == kept.id
+    cont = by_path.responses.create(model="tiny", input="more", previous_response_id=kept.id, store=False)
     assert cont.output_text == "two" and cont.store is False
     import openai
 
