@@ -220,7 +220,11 @@ class Plugins:
 
     def _unloaded_note(self, said_blocked: bool) -> str:
         """Plugins that did not load and might have provided the name asked for."""
-        notes = [f" Maybe it was to come from a plugin that failed: {p.message}" for p in self.load_problems]
+        notes = [
+            f" Not loaded, and maybe providing it: {p.origin.describe()}, which failed"
+            " (see the warning above or `python -m core.plugins`)."
+            for p in self.load_problems
+        ]
         if self.blocked and not said_blocked:
             notes.append(
                 f" Blocked by {DISABLE_ENV}: {', '.join(b.origin.plugin for b in self.blocked)}."

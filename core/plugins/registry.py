@@ -108,6 +108,12 @@ class PluginProblem:
 SpecT = TypeVar("SpecT", BackendSpec, RuntimeSpec)
 
 
+def _block_hint(origin: Registration) -> str:
+    if origin.distribution is None:  # registered directly (tests), nothing to block
+        return ""
+    return f" Until it is fixed, TRACERL_DISABLE_PLUGINS={origin.plugin} silences it."
+
+
 def config_node(kind: str, name: str, config: Any) -> Any:
     """The Hydra node (an OmegaConf ``DictConfig``) for a spec's ``config``.
 
@@ -210,7 +216,8 @@ class _Registry(Generic[SpecT]):
             self._reject(
                 PluginProblem(
                     "registration", origin,
-                    f"{origin.describe()} registered {self.kind} {name!r} with {what}",
+                    f"{origin.describe()} registered {self.kind} {name!r} with {what}."
+                    f"{_block_hint(origin)}",
                     self.kind, (name,),
                 )
             )
@@ -219,7 +226,10 @@ class _Registry(Generic[SpecT]):
             node = config_node(self.kind, name, spec.config)
         except PluginError as exc:
             self._reject(
-                PluginProblem("config", origin, f"{origin.describe()}: {exc}", self.kind, (name,))
+                PluginProblem(
+                    "config", origin, f"{origin.describe()}: {exc}.{_block_hint(origin)}",
+                    self.kind, (name,),
+                )
             )
             return
         self._specs[name] = spec

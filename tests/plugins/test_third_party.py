@@ -127,6 +127,7 @@ def test_plugins_listing_shows_third_party_distribution(venv_python: Path, tmp_p
     misnamed = next(ln for ln in out.splitlines() if ln.strip().startswith("misnamed"))
     assert "BROKEN" in misnamed and "config whose name is 'misnamd'" in misnamed
     assert "entry point misnamed = tracerl_faulty.misnamed" in misnamed
+    assert "TRACERL_DISABLE_PLUGINS=misnamed silences it" in misnamed
     twin = next(ln for ln in out.splitlines() if ln.strip().startswith("twin"))
     assert "twin_a = tracerl_faulty.twin_a" in twin and "twin_b = tracerl_faulty.twin_b" in twin
     assert "TRACERL_DISABLE_PLUGINS=twin_b" in twin
