@@ -88,6 +88,8 @@ def test_overview_step_trajectory_in_chromium(trained_run: dict[str, Any], brows
         count = lambda s: main.find_element(By.CSS_SELECTOR, f'#status-counts tr[data-status="{s}"] td.count').text  # noqa: E731
         assert count("crashed") == str(crashed) and count("ok") == str(ok)
         assert len(main.find_elements(By.CSS_SELECTOR, "svg polyline, svg rect")) > 10  # the charts drew
+        evals = [a.text for a in main.find_elements(By.CSS_SELECTOR, "#eval-links a[href^='#/step/eval/']")]
+        assert evals == ["step 0", "step 3"]
 
         # -- step view of a step with a failed rollout
         step = next(r for r in records if r["rollouts/crashed"] > 0)

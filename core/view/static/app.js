@@ -226,7 +226,7 @@
         h('td', { class: 'num' }, has ? link(`/step/train/${r.step}`, String(r.step)) : String(r.step)),
         h('td', { class: 'num reward' }, fmt(r['reward/mean'])),
         h('td', { class: 'num' }, fmt(r['reward/std'])),
-        h('td', { class: 'num' }, evalAt.has(r.step) ? fmt(evalAt.get(r.step)) : ''),
+        h('td', { class: 'num' }, evalAt.has(r.step) ? (run.traces.eval.includes(r.step) ? link(`/step/eval/${r.step}`, fmt(evalAt.get(r.step))) : fmt(evalAt.get(r.step))) : ''),
         h('td', { class: 'num ok' }, fmtInt(r['rollouts/ok'])),
         h('td', { class: 'num failed' }, fmtInt(r['rollouts/failed'])),
         h('td', {}, fails),
@@ -243,7 +243,7 @@
       h('p', { class: 'muted mono' }, run.run_dir, run.finished ? ' · finished' : ' · training or interrupted'),
       cards, grid,
       h('h2', {}, 'Rollouts by status (all steps)'), h('div', { class: 'panel' }, statusTable),
-      run.traces.eval.length ? h('p', {}, link('/compare', 'Compare eval prompts between checkpoints →')) : null,
+      run.traces.eval.length ? h('p', { id: 'eval-links' }, 'Evaluations: ', run.traces.eval.map((n, i) => [i ? ' · ' : '', link(`/step/eval/${n}`, `step ${n}`), evalAt.has(n) ? ` (${fmt(evalAt.get(n))})` : '']), ' — ', link('/compare', 'compare an eval prompt between checkpoints →')) : null,
       h('h2', {}, 'Steps'),
       run.traces.train.length ? null : h('p', { class: 'note' }, 'No traces stored for this run (trainer.save_traces=0, or a run older than the viewer): the per-step views need them.'),
       stepsTable);
