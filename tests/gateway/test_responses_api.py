@@ -219,14 +219,26 @@ def test_tool_choice_and_parallel_tool_calls_are_honoured(harness: Harness) -> N
     assert counters["tool_calls_dropped"] == 2 and counters["tool_choice_violations"] == 1
 
 
+THINKING = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' and m.reasoning_content %}{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}"
+    "{%- endif %}{{- m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}"
+)
+"""A minimal template that renders past reasoning as generated and has Qwen3's thinking switch
+(written here, not copied from a model)."""
+NO_THINK = "<think>\n\n</think>\n\n"
+
+
 def test_logprobs_on_request_and_reasoning_effort_drives_the_template(make_harness: Any) -> None:
+    from core.gateway import GatewayConfig
     from core.samplers.scripted import fake_logprob
     from core.tokenizer import build_tiny_tokenizer
-    from tests.gateway.test_request_fields import NO_THINK, QWEN3_LIKE
 
-    tok = build_tiny_tokenizer()
-    tok.chat_template = QWEN3_LIKE
-    h = make_harness(tokenizer=tok)
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320, chat_template=THINKING)
+    h = make_harness(tokenizer=tok, config=GatewayConfig(tool_parser="none"))
     text = "Four, I think."
     h.sampler.default = h.reply(text)
     client = h.openai(h.session(sampling=SamplingParams(max_tokens=256)))
@@ -249,13 +261,6 @@ def test_logprobs_on_request_and_reasoning_effort_drives_the_template(make_harne
     assert exc.value.body["param"] == "reasoning" and "'reasoning.effort'" in str(exc.value)  # type: ignore[index]
 
 
-THINKING = (
-    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
-    "{%- if m.role == 'assistant' and m.reasoning_content %}{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}"
-    "{%- endif %}{{- m.content + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-"""A minimal template that renders past reasoning as generated (written here, not copied from a model)."""
 
 
 def test_reasoning_items_out_and_back(make_harness: Any) -> None:
@@ -263,8 +268,7 @@ def test_reasoning_items_out_and_back(make_harness: Any) -> None:
     from core.gateway import GatewayConfig
     from core.tokenizer import build_tiny_tokenizer
 
-    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
-    tok.chat_template = THINKING
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320, chat_template=THINKING)
     h = make_harness(tokenizer=tok, config=GatewayConfig(tool_parser="none"))
     replies = [h.reply("<think>\nplan A\n</think>\n\nanswer A"), h.reply("<think>\nplan B\n</think>\n\nanswer B")]
     h.sampler.push(*replies)
