@@ -21,10 +21,12 @@ class GatewayConfig:
     max_context_tokens: int = 4096
     """Per-session context budget; beyond it requests get ``context_length_exceeded``."""
     tool_parser: str = "auto"
-    """Tool-call parser: auto, hermes (Qwen3 JSON), qwen3_coder (XML), llama3_json, deepseek_v3, none."""
+    """Tool-call parser: auto, hermes (Qwen3 JSON), qwen3_coder (XML), llama3_json, deepseek_v3,
+    harmony (gpt-oss), none."""
     reasoning_parser: str = "auto"
-    """How reasoning is split off a turn's text for the client: auto (``think`` when the
-    template mentions ``</think>``), think (``<think>…</think>``), none."""
+    """How reasoning is split off a turn's text for the client: auto (``harmony`` for a
+    template with harmony channels, ``think`` when it mentions ``</think>``), think
+    (``<think>…</think>``), harmony (gpt-oss's analysis channel), none."""
     keep_reasoning: bool = False
     """Extend the served tokens (past reasoning included) even where the chat template
     would drop past reasoning from history or close the turn with another token: one

@@ -6,6 +6,7 @@ Defines:
   and most open reasoning models). The opening tag may sit in the generation
   prompt (DeepSeek R1's template ends with ``<think>\\n``), so a turn holding
   ``</think>`` without ``<think>`` is reasoning up to that tag.
+- ``harmony``: gpt-oss's ``analysis`` channel (``core.gateway.harmony``).
 - ``REASONING_PARSERS``, ``get_reasoning_parser``: the registry by config name
   (``gateway.reasoning_parser``) and detection from a chat template.
 
@@ -48,13 +49,20 @@ def split_think(text: str) -> tuple[str, str]:
     return reasoning.strip("\n"), text[close + len(THINK_CLOSE) :].lstrip("\n")
 
 
-REASONING_PARSERS: dict[str, ReasoningParser] = {"think": split_think}
+def _split_harmony(text: str) -> tuple[str, str]:
+    from core.gateway.harmony import split_harmony
+
+    return split_harmony(text)
+
+
+REASONING_PARSERS: dict[str, ReasoningParser] = {"think": split_think, "harmony": _split_harmony}
 """Reasoning parsers by config name (``gateway.reasoning_parser``)."""
 
 
 def get_reasoning_parser(name: str, chat_template: str) -> tuple[str | None, ReasoningParser | None]:
-    """Resolve ``gateway.reasoning_parser``: ``auto`` (``think`` when the template
-    mentions ``</think>``), ``none``, or a name in ``REASONING_PARSERS``.
+    """Resolve ``gateway.reasoning_parser``: ``auto`` (``harmony`` for a template with
+    harmony channels, ``think`` when it mentions ``</think>``), ``none``, or a name in
+    ``REASONING_PARSERS``.
 
     Raises:
         ConfigError: unknown name.
@@ -64,6 +72,8 @@ def get_reasoning_parser(name: str, chat_template: str) -> tuple[str | None, Rea
     if name == "none":
         return None, None
     if name == "auto":
+        if "<|channel|>" in chat_template and "analysis" in chat_template:
+            return "harmony", _split_harmony
         return ("think", split_think) if THINK_CLOSE in chat_template else (None, None)
     if name not in REASONING_PARSERS:
         raise ConfigError(

@@ -190,6 +190,11 @@ class ChatRenderer:
         # strftime_now) flattened once: Template.render merges their ChainMap into a new dict
         # on every call, about a quarter of a tail render.
         self._globals: dict[str, Any] = dict(self._compiled.globals) if self._compiled is not None else {}
+        self.reasoning_key = (
+            "thinking" if "reasoning_content" not in self.template and "message.thinking" in self.template else None
+        )
+        """The key the template reads reasoning from when it is not ``reasoning_content``
+        (gpt-oss: ``thinking``); canonical messages are renamed for it."""
         self.string_arguments = False
         """Tool-call arguments are rendered as JSON text: the template refuses dicts (``_probe_arguments``)."""
         self.string_arguments = self._probe_arguments()
@@ -238,6 +243,12 @@ class ChatRenderer:
         """The template's text for ``messages``."""
         if self.string_arguments:
             messages = [_string_arguments(m) for m in messages]
+        if self.reasoning_key is not None:
+            key = self.reasoning_key
+            messages = [
+                {(key if k == "reasoning_content" else k): v for k, v in m.items()} if "reasoning_content" in m else m
+                for m in messages
+            ]
         template = self._compiled
         if template is not None:
             # What Template.render does, with the globals merged in advance (shared=True

@@ -10,6 +10,7 @@ Defines:
 - ``parse_llama3_json``: Llama 3.x JSON ``{"name": .., "parameters": ..}`` (optionally after ``<|python_tag|>``).
 - ``parse_deepseek_v3``: DeepSeek V3/R1 ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
   then a fenced JSON block per call.
+- ``harmony`` (gpt-oss): messages addressed ``to=functions.NAME`` (``core.gateway.harmony``).
 - ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
 """
 
@@ -207,18 +208,27 @@ def parse_deepseek_v3(text: str) -> ParsedOutput:
     return ParsedOutput(content=text[:start], tool_calls=calls)
 
 
+def _parse_harmony(text: str) -> ParsedOutput:
+    from core.gateway.harmony import parse_harmony  # it imports this module
+
+    return parse_harmony(text)
+
+
 PARSERS: dict[str, ToolParser] = {
     "hermes": parse_hermes,
     "qwen3": parse_hermes,
     "qwen3_coder": parse_qwen3_coder,
     "llama3_json": parse_llama3_json,
     "deepseek_v3": parse_deepseek_v3,
+    "harmony": _parse_harmony,
 }
 """Parsers by config name (``gateway.tool_parser``); ``qwen3`` is an alias of ``hermes``."""
 
 
 def detect_parser(chat_template: str) -> str | None:
     """Guess the tool-call format from a chat template's text; None when it shows none."""
+    if "<|call|>" in chat_template and "to=" in chat_template:
+        return "harmony"
     if DS_CALLS_BEGIN in chat_template:
         return "deepseek_v3"
     if "<function=" in chat_template and "<parameter=" in chat_template:

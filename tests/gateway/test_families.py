@@ -21,7 +21,7 @@ from core.gateway import GatewayConfig
 from core.samplers import ScriptedSampler
 from core.tokenizer import end_of_turn_ids
 from tests.gateway.conftest import CALC_TOOL, Harness
-from tests.gateway.families import FAMILIES, load
+from tests.gateway.families import FAMILIES, TEMPLATES, load
 
 SYSTEM = "You are a calculator agent."
 QUESTION = "What is 12*7, plus 5?"
@@ -98,9 +98,11 @@ def calls(expression: str) -> list[dict[str, Any]]:
 def family(request: pytest.FixtureRequest, make_harness: Any) -> tuple[Harness, Any]:
     name, config = request.param
     tok = load(name)
-    kwargs = dict(FAMILIES[name].kwargs)
-    cfg = GatewayConfig(chat_template_kwargs=kwargs, **config)
-    return make_harness(tokenizer=tok, config=cfg, sampler=ScriptedSampler(tokenizer=tok)), tok
+    fam = FAMILIES[name]
+    cfg = GatewayConfig(chat_template_kwargs=dict(fam.kwargs), **config)
+    generation = {"eos_token_id": list(fam.generation_eos)} if fam.generation_eos else None
+    sampler = ScriptedSampler(tokenizer=tok)
+    return make_harness(tokenizer=tok, config=cfg, sampler=sampler, generation_config=generation), tok
 
 
 @pytest.mark.parametrize("family", [("qwen2.5", {})], indirect=True)
@@ -416,7 +418,8 @@ def test_llama31_turn_ended_on_eom_forks_to_the_templates_eot(make_harness: Any)
     eom = tok.convert_tokens_to_ids("<|eom_id|>")
     sampler = ScriptedSampler(tokenizer=tok)
     # Llama 3.1's generation_config.json eos list (the package ships no generation config).
-    h = make_harness(tokenizer=tok, sampler=sampler, generation_config={"eos_token_id": [128001, 128008, 128009]})
+    generation = {"eos_token_id": list(FAMILIES["llama3.1"].generation_eos)}
+    h = make_harness(tokenizer=tok, sampler=sampler, generation_config=generation)
     assert eom in h.gw.end_of_turn_ids
     agent = Agent(h, tok, eom)
     agent.turn(json.dumps({"name": "calculator", "parameters": {"expression": "12*7"}}))
@@ -432,3 +435,63 @@ def test_llama31_turn_ended_on_eom_forks_to_the_templates_eot(make_harness: Any)
     ]
     assert second_row.token_ids[: second_row.prompt_length] == rendered(tok, reference, generation=True)
     assert second_row.metadata["tail_fallbacks"] == 1
+
+
+def harmony_call(reasoning: str, expression: str) -> str:
+    args = json.dumps({"expression": expression})
+    return (f"<|channel|>analysis<|message|>{reasoning}<|end|>"
+            f"<|start|>assistant to=functions.calculator<|channel|>commentary json<|message|>{args}")
+
+
+def harmony_final(reasoning: str, answer: str) -> str:
+    return f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant<|channel|>final<|message|>{answer}"
+
+
+@pytest.mark.parametrize("family", [("gpt-oss", {})], indirect=True)
+def test_gpt_oss_harmony_turns_are_parsed_and_each_is_the_templates_rendering(family: tuple[Harness, Any]) -> None:
+    """gpt-oss: analysis channel -> reasoning, ``to=functions.NAME`` -> tool call; stops on <|call|>
+    and <|return|>. Its template renders a past final answer with <|end|> (the model wrote
+    <|return|>) and a tool-call turn differently from a plain anchor, so every turn's prompt is
+    the template's full rendering and each turn is its own row."""
+    h, tok = family
+    call, ret = tok.convert_tokens_to_ids("<|call|>"), tok.convert_tokens_to_ids("<|return|>")
+    assert {call, ret} <= set(h.gw.end_of_turn_ids)
+    agent = Agent(h, tok, call)
+    first = agent.turn(harmony_call("Need the product.", "12*7"))
+    assert first.reasoning_content == "Need the product." and not first.content  # type: ignore[attr-defined]
+    assert first.tool_calls[0].function.name == "calculator"
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.end = ret
+    final = agent.turn(harmony_final("Add 5.", "89."))
+    assert final.content == "89." and final.reasoning_content == "Add 5."  # type: ignore[attr-defined]
+    agent.user("And 2+2?")
+    agent.turn(harmony_final("Easy.", "4."))
+    rows = agent.rows()
+    assert len(rows) == 3 and all(len(r.turns) == 1 for r in rows)
+    reference: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    generated = [(harmony_call("Need the product.", "12*7"), call), (harmony_final("Add 5.", "89."), ret),
+                 (harmony_final("Easy.", "4."), ret)]
+    after = [
+        [{"role": "assistant", "content": "", "thinking": "Need the product.", "tool_calls": calls("12*7")},
+         {"role": "tool", "content": "84"}],
+        [{"role": "assistant", "content": "89.", "thinking": "Add 5."}, {"role": "user", "content": "And 2+2?"}],
+        [],
+    ]
+    for row, (text, end), more in zip(rows, generated, after, strict=True):
+        assert row.token_ids == rendered(tok, reference, generation=True) + [*ids(tok, text), end]
+        reference += more
+    assert rows[0].metadata["tool_parser"] == "harmony" and rows[0].metadata["reasoning_parser"] == "harmony"
+
+
+def test_gpt_oss_tokenizer_matches_quicktoks_encoder() -> None:
+    """The tokenizer built from quicktok's ranks encodes as quicktok's own o200k_harmony encoder
+    (which quicktok verifies against tiktoken), special tokens included."""
+    import quicktok
+
+    tok = load("gpt-oss")
+    enc = quicktok.get_encoding("o200k_harmony")
+    template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
+    for text in ("Hello, world!", "naïve café 中文 🙂 12345 don't\n\n  x", template,
+                 harmony_final("Think.", "Answer.")):
+        assert ids(tok, text) == list(enc.encode(text, allowed_special="all"))

@@ -9,6 +9,7 @@ import pytest
 from core.errors import ConfigError
 from core.gateway import GatewayConfig
 from core.gateway.errors import GatewayError
+from core.gateway.harmony import parse_harmony, split_harmony
 from core.gateway.messages import anthropic_units, openai_units
 from core.gateway.reasoning import get_reasoning_parser, split_think
 from core.gateway.toolparse import detect_parser, parse_deepseek_v3
@@ -120,3 +121,27 @@ def test_trained_tokens_keep_the_reasoning(thinking: Harness) -> None:
     (span,) = row.turns
     assert h.tok.decode(row.token_ids[span.start : span.end]) == "<think>\nweigh it\n</think>\n\nYes.<|im_end|>"
     assert row.metadata["reasoning_parser"] == "think"
+
+
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Need it.<|end|>"
+    '<|start|>assistant to=functions.calc<|channel|>commentary json<|message|>{"e": "1+1"}'
+)
+
+
+def test_harmony_turns_split_into_reasoning_answer_and_calls() -> None:
+    final = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done."
+    assert split_harmony(final) == ("Think.", "Done.")
+    reasoning, rest = split_harmony(HARMONY_CALL)
+    assert reasoning == "Need it." and rest.startswith("<|start|>assistant to=functions.calc")
+    assert parse_harmony(rest).tool_calls == [("calc", {"e": "1+1"})]
+    # The recipient may follow the channel, with <|constrain|> before the message.
+    after = '<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{"e": "2"}'
+    assert parse_harmony(after).tool_calls == [("calc", {"e": "2"})]
+    assert split_harmony("plain text") == ("", "plain text") and parse_harmony("plain").tool_calls == []
+    for broken in (HARMONY_CALL.replace('{"e": "1+1"}', "{e"), HARMONY_CALL.replace("functions.calc", "browser.open"),
+                   HARMONY_CALL.replace('{"e": "1+1"}', "[1]")):
+        out = parse_harmony(broken)
+        assert out.ill_formed and out.content == broken and out.error
+    assert detect_parser("<|start|>assistant to=functions.x<|channel|>commentary<|call|>") == "harmony"
+    assert get_reasoning_parser("auto", "<|channel|>analysis<|message|>")[0] == "harmony"

