@@ -11,6 +11,9 @@ Defines:
 - ``parse_deepseek_v3``: DeepSeek V3/R1 ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
   then a fenced JSON block per call.
 - ``harmony`` (gpt-oss): messages addressed ``to=functions.NAME`` (``core.gateway.harmony``).
+- ``parse_glm45``: GLM-4.5 ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``.
+- ``parse_mistral``: Mistral ``[TOOL_CALLS]`` followed by a JSON list of calls (v3 tokenizers)
+  or by ``NAME[ARGS]{json}`` per call (v11 and later).
 - ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
 """
 
@@ -30,7 +33,9 @@ __all__ = [
     "detect_parser",
     "get_parser",
     "parse_deepseek_v3",
+    "parse_glm45",
     "parse_hermes",
+    "parse_mistral",
     "parse_llama3_json",
     "parse_qwen3_coder",
 ]
@@ -208,6 +213,82 @@ def parse_deepseek_v3(text: str) -> ParsedOutput:
     return ParsedOutput(content=text[:start], tool_calls=calls)
 
 
+_GLM_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def parse_glm45(text: str) -> ParsedOutput:
+    """Parse GLM-4.5 tool calls. Values are JSON-decoded when they parse (the template writes
+    non-strings as JSON, strings raw; without the tool's schema a string that reads as JSON,
+    such as ``"5"``, comes back decoded)."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        if "<arg_key>" in text or "</tool_call>" in text:
+            return _ill(text, "'<arg_key>' or '</tool_call>' outside a '<tool_call>' block")
+        return ParsedOutput(content=text)
+    calls: list[tuple[str, Any]] = []
+    pos = start
+    for block in _GLM_CALL.finditer(text, start):
+        if text[pos : block.start()].strip():
+            return _ill(text, "text between tool calls")
+        body = block.group(1)
+        cut = body.find("<arg_key>")
+        name = (body if cut < 0 else body[:cut]).strip()
+        if not name or "<" in name:
+            return _ill(text, "tool call lacks a function name before its arguments")
+        args_text = "" if cut < 0 else body[cut:]
+        if _GLM_ARG.sub("", args_text).strip():
+            return _ill(text, "text inside '<tool_call>' outside '<arg_key>'/'<arg_value>' pairs")
+        calls.append((name, {m.group(1).strip(): _coder_value(m.group(2)) for m in _GLM_ARG.finditer(args_text)}))
+        pos = block.end()
+    if not calls or text[pos:].strip():
+        return _ill(text, "unterminated '<tool_call>' or text after the last tool call")
+    return ParsedOutput(content=text[:start].rstrip("\n"), tool_calls=calls)
+
+
+MISTRAL_CALLS = "[TOOL_CALLS]"
+_MISTRAL_ARGS = "[ARGS]"
+
+
+def parse_mistral(text: str) -> ParsedOutput:
+    """Parse Mistral tool calls: ``[TOOL_CALLS][{"name", "arguments", "id"}, ...]`` or
+    ``[TOOL_CALLS]NAME[ARGS]{...}`` (repeated for several calls); text before is content."""
+    start = text.find(MISTRAL_CALLS)
+    if start < 0:
+        return ParsedOutput(content=text)
+    rest = text[start:]
+    calls: list[tuple[str, Any]] = []
+    decoder = json.JSONDecoder()
+    for piece in rest.split(MISTRAL_CALLS)[1:]:
+        piece = piece.strip()
+        if _MISTRAL_ARGS in piece and not piece.startswith("["):
+            name, _, raw = piece.partition(_MISTRAL_ARGS)
+            try:
+                args, end = decoder.raw_decode(raw.strip())
+            except (ValueError, RecursionError) as exc:
+                return _ill(text, f"tool call arguments are not JSON: {type(exc).__name__}: {exc}")
+            if raw.strip()[end:].strip() or not name.strip() or not isinstance(args, dict):
+                return _ill(text, "a tool call is not 'NAME[ARGS]{...}'")
+            calls.append((name.strip(), args))
+            continue
+        try:
+            listed, end = decoder.raw_decode(piece)
+        except (ValueError, RecursionError) as exc:
+            return _ill(text, f"tool calls are not a JSON list: {type(exc).__name__}: {exc}")
+        if piece[end:].strip() or not isinstance(listed, list) or not listed:
+            return _ill(text, "'[TOOL_CALLS]' is not followed by a JSON list of calls")
+        for obj in listed:
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+                return _ill(text, "tool call lacks a string 'name'")
+            args = obj.get("arguments", {})
+            if not isinstance(args, dict):
+                return _ill(text, "tool call 'arguments' is not an object")
+            calls.append((obj["name"], args))
+    if any(safejson.deeper_than(a) for _, a in calls):
+        return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels")
+    return ParsedOutput(content=text[:start], tool_calls=calls)
+
+
 def _parse_harmony(text: str) -> ParsedOutput:
     from core.gateway.harmony import parse_harmony  # it imports this module
 
@@ -221,6 +302,8 @@ PARSERS: dict[str, ToolParser] = {
     "llama3_json": parse_llama3_json,
     "deepseek_v3": parse_deepseek_v3,
     "harmony": _parse_harmony,
+    "glm45": parse_glm45,
+    "mistral": parse_mistral,
 }
 """Parsers by config name (``gateway.tool_parser``); ``qwen3`` is an alias of ``hermes``."""
 
@@ -231,6 +314,10 @@ def detect_parser(chat_template: str) -> str | None:
         return "harmony"
     if DS_CALLS_BEGIN in chat_template:
         return "deepseek_v3"
+    if "<arg_key>" in chat_template:
+        return "glm45"
+    if MISTRAL_CALLS in chat_template:
+        return "mistral"
     if "<function=" in chat_template and "<parameter=" in chat_template:
         return "qwen3_coder"
     if "<tool_call>" in chat_template:

@@ -105,3 +105,44 @@ def test_call_to_tool_not_offered_is_counted(harness: Harness) -> None:
                                                 tools=[CALC_TOOL])
     assert out.choices[0].message.tool_calls[0].function.name == "rm_rf"  # type: ignore[index]
     assert h.gw.session(sid).counters["unknown_tool_calls"] == 1
+
+
+def test_glm45_calls() -> None:
+    from core.gateway.toolparse import parse_glm45
+
+    text = ("Let me look.\n<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>red fox</arg_value>\n"
+            "<arg_key>limit</arg_key>\n<arg_value>5</arg_value>\n</tool_call>\n<tool_call>clock</tool_call>")
+    out = parse_glm45(text)
+    assert out.content == "Let me look." and not out.ill_formed
+    assert out.tool_calls == [("search", {"query": "red fox", "limit": 5}), ("clock", {})]
+    # As GLM-4.5's template writes them (no newlines), a JSON object value included.
+    flat = '<tool_call>f<arg_key>o</arg_key><arg_value>{"a": [1]}</arg_value></tool_call>'
+    assert parse_glm45(flat).tool_calls == [("f", {"o": {"a": [1]}})]
+    assert parse_glm45("plain").tool_calls == [] and not parse_glm45("plain").ill_formed
+    for broken in ("<tool_call>f<arg_key>o</arg_key></tool_call>", "<tool_call><arg_key>o</arg_key><arg_value>1</arg_value></tool_call>",
+                   "<tool_call>f<arg_key>o</arg_key><arg_value>1</arg_value>", "stray <arg_key>x</arg_key>"):
+        out = parse_glm45(broken)
+        assert out.ill_formed and out.content == broken and out.error
+
+
+def test_mistral_calls_in_both_formats() -> None:
+    from core.gateway.toolparse import parse_mistral
+
+    v3 = 'Sure.[TOOL_CALLS] [{"name": "get", "arguments": {"city": "Paris"}, "id": "abcDEF123"}, {"name": "b", "arguments": {}}]'
+    out = parse_mistral(v3)
+    assert out.content == "Sure." and out.tool_calls == [("get", {"city": "Paris"}), ("b", {})]
+    v11 = '[TOOL_CALLS]get[ARGS]{"city": "Paris"}[TOOL_CALLS]b[ARGS]{}'
+    assert parse_mistral(v11).tool_calls == [("get", {"city": "Paris"}), ("b", {})]
+    assert parse_mistral("plain").tool_calls == []
+    for broken in ("[TOOL_CALLS] [{\"name\": \"get\"", "[TOOL_CALLS]get[ARGS]{oops}", "[TOOL_CALLS] {\"name\": \"x\"}",
+                   '[TOOL_CALLS] [{"arguments": {}}]', '[TOOL_CALLS]get[ARGS]{} trailing'):
+        out = parse_mistral(broken)
+        assert out.ill_formed and out.content == broken and out.error
+
+
+def test_detection_of_the_other_families() -> None:
+    glm = "<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value></tool_call>"
+    assert detect_parser(glm) == "glm45"  # before hermes: GLM's template also writes <tool_call>
+    assert detect_parser('{{- "[TOOL_CALLS][" }}') == "mistral"
+    assert detect_parser("<｜tool▁calls▁begin｜>") == "deepseek_v3"
+    assert detect_parser("<|start|>assistant to=functions.f<|channel|>commentary<|call|>") == "harmony"
