@@ -430,10 +430,18 @@ class Trainer:
     # -- the loop -------------------------------------------------------------
 
     def _group_sampling(self, seq: int) -> SamplingParams:
-        """Seeded session settings of async group ``seq`` (a rerun samples alike)."""
-        seed = (int(self.cfg.seed) * 1_000_003 + seq * 65_537 + 3) % (2**62)
+        """Seeded session settings of async group ``seq`` (a rerun samples alike).
+
+        Group ``seq`` gets the seeds the synchronous loop gives group ``seq % batch_size``
+        of step ``seq // batch_size``, so ``max_staleness=0`` samples what ``sync`` does.
+        """
+        batch, group = int(self.t.batch_size), int(self.t.group_size)
+        step, index = divmod(seq, batch)
+        base = (int(self.cfg.seed) * 1_000_003 + step * 65_537) % (2**62)
         return SamplingParams(
-            max_tokens=int(self.algo.max_tokens), temperature=float(self.algo.temperature), seed=seed
+            max_tokens=int(self.algo.max_tokens),
+            temperature=float(self.algo.temperature),
+            seed=(base + 7_919 * index * group) % (2**63),
         )
 
     def _start_pool(self) -> None:
