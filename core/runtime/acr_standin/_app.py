@@ -13,7 +13,11 @@ with ``endpoint_url`` pointed here:
 
 Errors use AWS's rest-json shape (``x-amzn-ErrorType`` header, ``message`` body)
 and the service model's status codes, so botocore raises the same
-``ClientError`` codes it would against AWS. Knobs inject the faults a trainer
+``ClientError`` codes it would against AWS. Sessions nobody stops (a stop that
+was throttled away, an invoke that arrived after its session's stop) end the
+way AgentCore ends them: after ``idle_timeout_s`` without an invocation while
+the agent's ``/ping`` does not say ``HealthyBusy``; ``max_sessions`` caps the
+agents alive at once (``ServiceQuotaExceededException`` beyond it). Knobs inject the faults a trainer
 must survive: throttling for a while (429), a per-ARN TPS limit, and
 ``RuntimeClientError`` (424) for a new session's first invocations, which is
 how AgentCore reports a container that is not serving yet. Every call is
@@ -70,7 +74,12 @@ class _Session:
     ready: asyncio.Future[str]
     proc: AgentProcess | None = None
     invocations: int = 0
+    in_flight: int = 0
     last_used: float = field(default_factory=time.monotonic)
+
+
+class _QuotaExceeded(Exception):
+    """A new session would exceed ``max_sessions``."""
 
 
 def _aws_error(code: str, message: str, status: int) -> JSONResponse:
@@ -100,8 +109,13 @@ class AcrStandIn:
             per-ARN quota (a token bucket holding one second's worth); 0 is off.
         cold_start_failures: Invocations of each new session answered with
             ``RuntimeClientError`` before it serves.
-        idle_timeout_s: Sessions unused this long are stopped (AgentCore's
-            default is 15 minutes).
+        idle_timeout_s: A session with no invocation in flight for this long is
+            stopped unless its agent's ``/ping`` says ``HealthyBusy`` (AgentCore's
+            rule; its default is 15 minutes, the command line's is 60 s so sessions
+            whose stop never came do not pile up as processes).
+        max_sessions: Most sessions alive at once; a new one beyond it is answered
+            ``ServiceQuotaExceededException`` (402; the trainer retries it as
+            throttling). 0 is no cap.
     """
 
     def __init__(
@@ -118,6 +132,7 @@ class AcrStandIn:
         tps_limit: float = 0.0,
         cold_start_failures: int = 0,
         idle_timeout_s: float = 900.0,
+        max_sessions: int = 0,
     ) -> None:
         if sum(bool(x) for x in (agent, agent_url, app is not None)) != 1:
             raise ValueError("give exactly one of agent='module:attr', agent_url=... or app=...")
@@ -132,6 +147,9 @@ class AcrStandIn:
         self.tps_limit = tps_limit
         self.cold_start_failures = cold_start_failures
         self.idle_timeout_s = idle_timeout_s
+        self.max_sessions = max_sessions
+        self.reaped: list[str] = []
+        """Sessions ended by the idle rule (nobody stopped them), in order."""
         self.calls: list[CallRecord] = []
         """Every call answered, in arrival order."""
         self.sessions: dict[str, _Session] = {}
@@ -212,12 +230,34 @@ class AcrStandIn:
 
     async def _reap(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, self.idle_timeout_s / 4))
             now = time.monotonic()
             for s in list(self.sessions.values()):
-                if now - s.last_used > self.idle_timeout_s:
+                if s.proc is not None and s.ready.done() and not s.proc.alive():
+                    self.sessions.pop(s.session_id, None)  # the agent exited on its own
+                    continue
+                if s.in_flight or not s.ready.done() or now - s.last_used <= self.idle_timeout_s:
+                    continue
+                if await self._busy(s):
+                    s.last_used = time.monotonic()  # still working (e.g. an S3-channel rollout)
+                    continue
+                if self.sessions.get(s.session_id) is s and not s.in_flight:
                     self.sessions.pop(s.session_id, None)
+                    self.reaped.append(s.session_id)
                     await self._end(s)
+
+    async def _busy(self, s: _Session) -> bool:
+        """Whether the session's agent says ``HealthyBusy`` (work running after its invocation
+        returned); an agent that does not answer is not busy."""
+        if s.proc is None or self._client is None:
+            return False
+        try:
+            r = await self._client.get(
+                f"{s.proc.base_url}/ping", headers=s.proc.auth_headers, timeout=5.0
+            )
+            return bool(r.status_code == 200 and r.json().get("status") == "HealthyBusy")
+        except (httpx.HTTPError, ValueError):
+            return False
 
     async def _end(self, s: _Session) -> None:
         if not s.ready.done():
@@ -229,6 +269,11 @@ class AcrStandIn:
         """The session's agent base URL, starting its agent on first use."""
         s = self.sessions.get(session_id)
         if s is None:
+            if self.max_sessions and len(self.sessions) >= self.max_sessions:
+                raise _QuotaExceeded(
+                    f"{len(self.sessions)} sessions are alive, the stand-in's --max-sessions is "
+                    f"{self.max_sessions}; stop sessions or lower runtime.max_concurrency"
+                )
             s = _Session(session_id, asyncio.get_running_loop().create_future())
             self.sessions[session_id] = s
             if self.agent:
@@ -239,11 +284,16 @@ class AcrStandIn:
                 try:
                     await s.proc.wait_ready(self._client, self.startup_timeout_s)
                 except Exception as exc:
-                    self.sessions.pop(session_id, None)
-                    s.ready.set_exception(exc)
-                    s.ready.exception()  # retrieved: concurrent waiters re-raise it themselves
+                    if self.sessions.get(session_id) is s:
+                        self.sessions.pop(session_id)
+                    if not s.ready.done():  # a stop during start-up cancelled it already
+                        s.ready.set_exception(exc)
+                        s.ready.exception()  # retrieved: concurrent waiters re-raise it themselves
                     await s.proc.stop()
                     raise
+                if s.ready.done():  # stopped while its agent started: _end cancelled it
+                    await s.proc.stop()
+                    raise RuntimeError("the session was stopped while its agent started")
                 s.ready.set_result(s.proc.base_url)
             else:
                 s.ready.set_result(self.agent_url or "http://agent")
@@ -281,6 +331,10 @@ class AcrStandIn:
         body = await request.body()
         try:
             s, base = await self._session(session_id)
+        except _QuotaExceeded as exc:
+            return self._record(
+                "invoke", session_id, now, _aws_error("ServiceQuotaExceededException", str(exc), 402)
+            )
         except Exception as exc:
             return self._record(
                 "invoke", session_id, now,
@@ -305,6 +359,7 @@ class AcrStandIn:
             headers.update(s.proc.auth_headers)
         elif self.agent_token:
             headers[TOKEN_HEADER] = self.agent_token
+        s.in_flight += 1
         try:
             r = await self._client.post(f"{base}/invocations", content=body, headers=headers)
         except httpx.HTTPError as exc:
@@ -312,6 +367,9 @@ class AcrStandIn:
                 "invoke", session_id, now,
                 _aws_error("RuntimeClientError", f"could not reach the agent: {exc!r}", 424),
             )
+        finally:
+            s.in_flight -= 1
+            s.last_used = time.monotonic()
         if r.status_code != 200:
             return self._record(
                 "invoke", session_id, now,

@@ -32,6 +32,14 @@ _OLD_BOTO3 = (
     "operations; upgrade it: pip install -U boto3"
 )
 
+_NO_CREDENTIALS = (
+    "boto3 found no AWS credentials for the AgentCore data plane ({endpoint}). Against AWS, "
+    "configure them as for the aws CLI (AWS_PROFILE, `aws configure`, an instance role). "
+    "Against the local stand-in (python -m core.runtime.acr_standin) any will do, since it "
+    "checks no signature: AWS_ACCESS_KEY_ID=standin AWS_SECRET_ACCESS_KEY=standin "
+    "python -m core.train ... (docs/agentcore.md)"
+)
+
 THROTTLE_CODES = frozenset(
     {
         "ThrottlingException",
@@ -101,8 +109,11 @@ class AcrClient:
         self.cold_start_retry_delay_s = cold_start_retry_delay_s
         self.counts: dict[str, int] = {"invoke": 0, "stop": 0, "throttled": 0, "cold_start": 0}
         """Attempts made and retries taken, for metrics and tests."""
+        session = boto3.session.Session()
+        if session.get_credentials() is None:
+            raise RuntimeStartError(_NO_CREDENTIALS.format(endpoint=endpoint_url or "AWS"))
         try:
-            self._client = boto3.client(
+            self._client = session.client(
                 "bedrock-agentcore",
                 region_name=region,
                 endpoint_url=endpoint_url,
