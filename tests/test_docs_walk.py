@@ -1,0 +1,161 @@
+"""A newcomer's journey, run as written: the quickstart's and the examples' commands.
+
+Every ``python -m core.train`` line in docs/quickstart.md and examples/README.md
+must compose (unknown keys and groups fail here, cheaply, in-process). The
+commands meant to run on CPU run for real, in a fresh directory for the
+bring-your-own-agent section (its files are taken from the page), from the
+repository root for the examples, and their output must look like what the
+page shows. The real-model command composes only (no model is on disk here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+QUICKSTART = ROOT / "docs" / "quickstart.md"
+EXAMPLES = ROOT / "examples" / "README.md"
+STEP_LINE = re.compile(r"^step +(\d+)  reward (\d\.\d{3})  failed (\d+)  lp-gap \S+  \d+\.\d\ds$")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    level = heading.split(" ")[0]
+    rest = text[start + len(heading) :]
+    end = re.search(rf"^{level} ", rest, re.MULTILINE)
+    return rest[: end.start()] if end else rest
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.DOTALL)
+
+
+def _train_commands(text: str) -> list[str]:
+    lines = []
+    for block in _blocks(text, "console") + _blocks(text, "bash"):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            command = line.split("#")[0].strip()
+            if "python -m core.train" in command:
+                lines.append(command[command.index("python -m core.train") :])
+    return lines
+
+
+def _overrides(command: str) -> list[str]:
+    return shlex.split(command)[3:]
+
+
+def _env() -> dict[str, str]:
+    """This checkout's ``core`` first, whatever is installed (the test may run from a worktree)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def _run(command: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, *shlex.split(command)[1:], *extra]
+    return subprocess.run(
+        argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def _compose(overrides: list[str]) -> Any:
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from core.config import CONFIG_MODULE, PRIMARY_CONFIG, VERSION_BASE, register_configs
+    from core.plugins import load_plugins
+
+    register_configs(load_plugins())
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=VERSION_BASE):
+        return compose(config_name=PRIMARY_CONFIG, overrides=overrides)
+
+
+def _check_step_lines(stdout: str, steps: int) -> list[re.Match[str]]:
+    matches = [m for m in map(STEP_LINE.match, stdout.splitlines()) if m]
+    assert [int(m.group(1)) for m in matches] == list(range(1, steps + 1)), stdout
+    assert all(m.group(3) == "0" for m in matches), f"failed rollouts:\n{stdout}"
+    assert f"run finished at step {steps}" in stdout, stdout
+    return matches
+
+
+@pytest.mark.parametrize("page", [QUICKSTART, EXAMPLES], ids=lambda p: p.name)
+def test_every_train_command_on_the_page_composes(page: Path) -> None:
+    commands = _train_commands(page.read_text())
+    assert commands, f"no python -m core.train command found in {page}"
+    for command in commands:
+        cfg = _compose(_overrides(command))
+        assert cfg.task.name and cfg.backend.name, command
+
+
+def test_quickstart_names_only_scripts_that_exist() -> None:
+    text = QUICKSTART.read_text()
+    for script in re.findall(r"python (benchmarks/\S+\.py)", text):
+        assert (ROOT / script).is_file(), script
+    for module in re.findall(r"python -m (core\.[a-z_.]+)", text):
+        path = ROOT / module.replace(".", "/")
+        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module
+
+
+@pytest.mark.slow
+def test_bring_your_own_agent_runs_as_written(tmp_path: Path) -> None:
+    section = _section(QUICKSTART.read_text(), "## 2. Bring your own agent")
+    (agent,) = [b for b in _blocks(section, "python") if "@app.entrypoint" in b]
+    (data,) = _blocks(section, "json")
+    (tmp_path / "my_agent.py").write_text(agent)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(data)
+    commands = _train_commands(section)
+    cpu = [c for c in commands if "backend.model=" not in c and "--cfg" not in c]
+    assert cpu[0].startswith("python -m core.train task=custom"), cpu
+    proc = _run(cpu[0], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shown = _blocks(section, "text")[0]
+    steps = len([ln for ln in shown.splitlines() if STEP_LINE.match(ln)])
+    _check_step_lines(proc.stdout, steps)
+    assert "outputs/" in proc.stdout and list(tmp_path.glob("outputs/*/*/metrics.jsonl"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["math_agent", "strands_math_agent"])
+def test_each_example_trains_with_its_documented_command(task: str, tmp_path: Path) -> None:
+    (command,) = [c for c in _train_commands(EXAMPLES.read_text()) if f"task={task} " in c]
+    proc = _run(command, ROOT, f"run_dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    steps = int(re.search(r"trainer\.max_steps=(\d+)", command).group(1))  # type: ignore[union-attr]
+    _check_step_lines(proc.stdout, steps)
+    assert re.search(r"^step +0  eval \d\.\d{3}$", proc.stdout, re.MULTILINE), proc.stdout
+    records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "rollouts/total" in r]
+    assert all(r["rollouts/ok"] == r["rollouts/total"] == 16 for r in train), train
+    assert sum(r["turns/total"] for r in train) >= 48  # every rollout made its model call
+
+
+def test_no_file_in_the_repository_refers_to_a_path_outside_it() -> None:
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    work = "/" + "work/"  # spelled in two pieces so this file does not match itself
+    outside = re.compile(
+        rf"(?<![\w/.]){work}|\.\./shared|(?<![\w/])shared/(research|seeds|hooks|PRODUCT|STYLE)"
+    )
+    hits = []
+    for name in files:
+        path = ROOT / name
+        if not path.is_file() or path.suffix in {".pt", ".parquet", ".png"}:
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{name}: {m.group(0)}" for m in outside.finditer(text)]
+    assert not hits, hits
