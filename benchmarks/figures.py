@@ -1,0 +1,380 @@
+"""Regenerate every performance and time figure quoted in README.md and docs/, with the machine.
+
+Run from the repository root::
+
+    python benchmarks/figures.py                      # every figure but the expensive ones
+    python benchmarks/figures.py --list               # names, commands, cost, where quoted
+    python benchmarks/figures.py --only default_run,openai_client
+    python benchmarks/figures.py --skip default_run   # the cheap ones only (about 4 minutes)
+    python benchmarks/figures.py --json figures.json
+
+Each figure names the command or benchmark that produces it and the pages that
+quote it, so a page's number can always be traced and re-measured. The
+expensive ones (``seeds``: ten 400-step runs; ``test_suite``: the whole
+``python -m pytest``) run only when asked by name with ``--only``. Figures are
+wall-clock and CPU times, so they depend on the machine and on what else runs
+on it: the header prints the CPU, the cores this process may use, memory and
+the load average before and after, and a page quoting a figure should say
+under which load it was taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # this checkout's core, and seeds.py
+
+
+@dataclass
+class Figure:
+    """One figure: how to produce it and where it is quoted."""
+
+    name: str
+    command: str
+    """What a reader runs to reproduce it by hand."""
+    quoted_in: list[str]
+    """Repository files that quote it."""
+    cost: str
+    """Rough wall time on the 2-core development machine."""
+    run: Callable[[Path], dict[str, Any]]
+    expensive: bool = False
+    """Run only when named with ``--only``."""
+    notes: list[str] = field(default_factory=list)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This checkout's ``core`` first (the script may run from a worktree), plus ``extra``."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _python(
+    args: list[str], out: Path, name: str, timeout_s: float = 3600, env: dict[str, str] | None = None
+) -> tuple[int, float, str]:
+    """Run ``python <args>`` from the repository root; returns (exit code, wall s, output)."""
+    log = out / f"{name}.log"
+    start = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=env or _env(), stdout=fh, stderr=subprocess.STDOUT,
+            timeout=timeout_s, check=False,
+        )
+    return proc.returncode, time.perf_counter() - start, log.read_text()
+
+
+def _records(metrics: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in metrics.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+# -- figures ---------------------------------------------------------------------------
+
+
+def default_run(out: Path) -> dict[str, Any]:
+    """The README's main command, seed 0, its whole 400-step budget, timed from process start."""
+    from seeds import trailing_means
+
+    run_dir = out / "default_run"
+    start = time.perf_counter()
+    seen: dict[int, float] = {}  # step -> seconds since start when its record appeared
+    with (out / "default_run.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "core.train", f"run_dir={run_dir}"],
+            cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+        )
+        while proc.poll() is None:
+            time.sleep(0.5)
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists():
+                now = time.perf_counter() - start
+                for r in _records(metrics):
+                    if "reward/mean" in r and r["step"] not in seen:
+                        seen[r["step"]] = now
+    wall = time.perf_counter() - start
+    records = [r for r in _records(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    rewards = [float(r["reward/mean"]) for r in records]
+    means = trailing_means(rewards, 5)
+    reached = next((i + 1 for i, m in enumerate(means) if m >= 0.8 and i + 1 >= 5), None)
+    above_09 = next(
+        (i + 1 for i in range(len(means)) if all(m >= 0.9 for m in means[i:])), None
+    )
+    step_times = [float(r["time/step"]) for r in records]
+    return {
+        "exit_code": proc.returncode,
+        "steps": len(rewards),
+        "reward_step_1": round(rewards[0], 3) if rewards else None,
+        "step_reaching_0.8 (trailing 5-step mean)": reached,
+        "seconds_into_run_at_that_step": round(seen.get(reached, float("nan")), 1) if reached else None,
+        "trailing_mean_stays_above_0.9_from_step": above_09,
+        "final_reward (trailing 5-step mean)": round(means[-1], 3) if means else None,
+        "mean_s_per_step": round(sum(step_times) / len(step_times), 3) if step_times else None,
+        "median_s_per_step": round(sorted(step_times)[len(step_times) // 2], 3) if step_times else None,
+        "wall_s (imports, eval, checkpoints included)": round(wall, 1),
+    }
+
+
+def openai_client(out: Path) -> dict[str, Any]:
+    """What an agent pays per model call for a new ``AsyncOpenAI`` versus a per-session view."""
+    from openai import AsyncOpenAI
+
+    async def measure() -> dict[str, Any]:
+        warm = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
+        await warm.close()  # imports and certificate loading are paid once, not per call
+        n = 20
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
+            await client.close()
+        new_ms = (time.perf_counter() - wall) / n * 1000
+        new_cpu_ms = (time.process_time() - cpu) / n * 1000
+        pool = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k", max_retries=0)
+        m = 2000
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(m):
+            pool.with_options(api_key=f"session-{i}")
+        view_us = (time.perf_counter() - wall) / m * 1e6
+        view_cpu_us = (time.process_time() - cpu) / m * 1e6
+        await pool.close()
+        return {
+            "new_client_ms": round(new_ms, 1),
+            "new_client_cpu_ms": round(new_cpu_ms, 1),
+            "with_options_us": round(view_us, 1),
+            "with_options_cpu_us": round(view_cpu_us, 1),
+        }
+
+    return asyncio.run(measure())
+
+
+def _train_steps(args: list[str], out: Path, name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    run_dir = out / name
+    code, wall, log = _python(["-m", "core.train", *args, f"run_dir={run_dir}"], out, name, env=env)
+    records = _records(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    steps = [r for r in records if "time/step" in r]
+    return {
+        "exit_code": code,
+        "steps": len(steps),
+        "s_per_step": [round(float(r["time/step"]), 2) for r in steps],
+        "rollouts_failed": sum(int(r.get("rollouts/failed", 0)) for r in steps),
+        "wall_s": round(wall, 1),
+        **({"log_tail": log[-1500:]} if code else {}),
+    }
+
+
+def examples(out: Path) -> dict[str, Any]:
+    """The documented example commands (examples/README.md), 3 steps each."""
+    return {
+        task: _train_steps([f"task={task}", "trainer.max_steps=3"], out, f"example_{task}")
+        for task in ("math_agent", "strands_math_agent")
+    }
+
+
+def standin_step(out: Path) -> dict[str, Any]:
+    """docs/agentcore.md's stand-in recipe: stand-in + the printed training command, 3 steps."""
+    import socket
+
+    from core.runtime.acr_standin.__main__ import STANDIN_BATCH
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    standin = subprocess.Popen(
+        [sys.executable, "-m", "core.runtime.acr_standin", "core.tasks.succ_digit:app", "--port", str(port)],
+        cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=(out / "standin.log").open("w"),
+    )
+    try:
+        time.sleep(3.0)
+        from core.runtime.acr_standin import EXAMPLE_ARN
+        from core.runtime.acr_standin.__main__ import STANDIN_CREDENTIALS
+
+        credentials = dict(pair.split("=", 1) for pair in STANDIN_CREDENTIALS.split())
+
+        args = [
+            "runtime=agentcore", f"runtime.endpoint_url={url}", f"runtime.agent_runtime_arn={EXAMPLE_ARN}",
+            "runtime.result_channel=http", *STANDIN_BATCH.split(), "trainer.max_steps=3",
+        ]
+        result = _train_steps(args, out, "standin", env=_env(**credentials))
+        children = subprocess.run(
+            ["pgrep", "-P", str(standin.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        result["agent_processes_alive_after_run"] = len(children)
+        return result
+    finally:
+        standin.terminate()
+        standin.wait(30)
+
+
+def _benchmark_json(args: list[str], out: Path, name: str) -> tuple[int, float, Any]:
+    target = out / f"{name}.json"
+    code, wall, log = _python([*args, "--json", str(target)], out, name)
+    data = json.loads(target.read_text()) if target.exists() else {"log_tail": log[-1500:]}
+    return code, wall, data
+
+
+def local_runtime(out: Path) -> dict[str, Any]:
+    """benchmarks/local_runtime.py: rollouts/s and memory per in-flight session."""
+    code, wall, rows = _benchmark_json(["benchmarks/local_runtime.py"], out, "local_runtime")
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
+def gateway_append(out: Path) -> dict[str, Any]:
+    """benchmarks/gateway.py's append workload (the 1k x 256-session row is the quoted one)."""
+    code, wall, rows = _benchmark_json(
+        ["benchmarks/gateway.py", "--workload", "append"], out, "gateway_append"
+    )
+    keep = ("sessions", "context_tokens", "turns", "turns_per_s", "p50_ms", "p99_ms", "gateway_cpu_ms_per_turn")
+    if isinstance(rows, list):
+        rows = [{k: r.get(k) for k in keep} for r in rows]
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
+def local_sampler(out: Path) -> dict[str, Any]:
+    """benchmarks/local_sampler.py: batched vs sequential decoding of the tiny model (2 threads)."""
+    code, wall, rows = _benchmark_json(["benchmarks/local_sampler.py"], out, "local_sampler")
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
+def seeds(out: Path) -> dict[str, Any]:
+    """benchmarks/seeds.py over seeds 0..9 (the quickstart's table)."""
+    code, wall, rows = _benchmark_json(
+        ["benchmarks/seeds.py", "--jobs", "2", "--stop-after", "10", "--out", str(out / "seeds")], out, "seeds"
+    )
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
+def test_suite(out: Path) -> dict[str, Any]:
+    """The whole ``python -m pytest`` (README's test-time figure)."""
+    code, wall, log = _python(["-m", "pytest", "-q", "-p", "no:cacheprovider"], out, "test_suite")
+    summary = [ln for ln in log.splitlines() if re.search(r"\d+ passed", ln)]
+    return {"exit_code": code, "wall_s": round(wall, 1), "summary": summary[-1:] or log[-500:]}
+
+
+FIGURES = [
+    Figure(
+        "default_run", "python -m core.train", ["README.md", "docs/quickstart.md", "docs/backends/local.md"],
+        "3-5 min", default_run,
+    ),
+    Figure(
+        "openai_client", "AsyncOpenAI(...) per call vs .with_options(api_key=...) per session",
+        ["docs/quickstart.md", "examples/README.md", "examples/math_agent/client.py"], "2 s", openai_client,
+    ),
+    Figure(
+        "examples", "python -m core.train task=math_agent|strands_math_agent trainer.max_steps=3",
+        ["examples/README.md"], "40 s", examples,
+    ),
+    Figure(
+        "standin_step", "python -m core.runtime.acr_standin core.tasks.succ_digit:app + the printed command",
+        ["docs/agentcore.md"], "40 s", standin_step,
+    ),
+    Figure("local_runtime", "python benchmarks/local_runtime.py", ["docs/runtime.md"], "1 min", local_runtime),
+    Figure(
+        "gateway_append", "python benchmarks/gateway.py --workload append", ["docs/gateway.md"], "1-2 min",
+        gateway_append,
+    ),
+    Figure("local_sampler", "python benchmarks/local_sampler.py", ["docs/backends/local.md"], "30 s", local_sampler),
+    Figure(
+        "seeds", "python benchmarks/seeds.py --jobs 2 --stop-after 10", ["README.md", "docs/quickstart.md"],
+        "15-25 min", seeds, expensive=True,
+    ),
+    Figure("test_suite", "python -m pytest", ["README.md"], "7-10 min", test_suite, expensive=True),
+]
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kib = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines()
+                           if ln.startswith("MemTotal")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        mem_kib = 0
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "commit": commit,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated figure names (expensive ones included)")
+    parser.add_argument("--skip", default="", help="comma-separated figure names to leave out")
+    parser.add_argument("--list", action="store_true", help="list the figures and exit")
+    parser.add_argument("--json", type=Path, default=None, help="also write everything here")
+    parser.add_argument("--out", type=Path, default=None, help="logs and run directories (default: temp)")
+    args = parser.parse_args(argv)
+    names = {f.name for f in FIGURES}
+    only = [n for n in args.only.split(",") if n]
+    skip = [n for n in args.skip.split(",") if n]
+    unknown = sorted(set(only + skip) - names)
+    if unknown:
+        parser.error(f"unknown figure(s) {unknown}; known: {sorted(names)}")
+    if args.list:
+        for f in FIGURES:
+            flag = "  (expensive: --only)" if f.expensive else ""
+            print(f"{f.name:<15} {f.cost:>10}  {f.command}{flag}\n{'':<27}quoted in {', '.join(f.quoted_in)}")
+        return 0
+    chosen = [f for f in FIGURES if (f.name in only if only else not f.expensive) and f.name not in skip]
+    out = args.out or Path(tempfile.mkdtemp(prefix="tracerl-figures-"))
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"machine": machine(), "figures": {}}
+    print(f"machine: {json.dumps(report['machine'])}", flush=True)
+    print(f"logs under {out}", flush=True)
+    failed = False
+    for f in chosen:
+        print(f"\n== {f.name}: {f.command}  (quoted in {', '.join(f.quoted_in)})", flush=True)
+        start = time.perf_counter()
+        try:
+            values = f.run(out)
+        except Exception as exc:  # one broken figure must not hide the others
+            values = {"error": f"{type(exc).__name__}: {exc}"}
+        values["measured_in_s"] = round(time.perf_counter() - start, 1)
+        failed |= "error" in values or bool(values.get("exit_code"))
+        report["figures"][f.name] = {"command": f.command, "quoted_in": f.quoted_in, "values": values}
+        print(json.dumps(values, indent=1), flush=True)
+    report["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"\nload average after: {report['machine']['load_average_after']}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
