@@ -311,11 +311,11 @@ def machine() -> dict[str, Any]:
                            if ln.startswith("MemTotal")).split()[1])
     except (OSError, StopIteration, ValueError):
         mem_kib = 0
-    try:
-        import torch
+    try:  # the installed version, without the seconds an import of torch takes
+        from importlib.metadata import PackageNotFoundError, version
 
-        torch_version = torch.__version__
-    except ImportError:
+        torch_version = version("torch")
+    except PackageNotFoundError:
         torch_version = "not installed"
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False

@@ -2,8 +2,7 @@
 
 Building an ``openai.AsyncOpenAI`` builds an httpx client and its TLS context
 (about 20 ms of CPU: ``python benchmarks/figures.py --only openai_client``);
-doing that on every model call made a training step of the math agent about
-10x slower. ``with_options(api_key=...)`` returns a
+doing that on every model call costs a step of 256 rollouts seconds of CPU. ``with_options(api_key=...)`` returns a
 client that shares the connection pool and costs microseconds, and the api key
 must differ per session (it is the gateway session id), so: one pool per event
 loop and base URL, one view per session. Never close a view: that would close

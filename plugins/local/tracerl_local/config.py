@@ -32,8 +32,8 @@ class LoraConfig:
 class TinyModelConfig:
     """Shape of the ``model: tiny`` preset (a Qwen2-style model with random weights).
 
-    The defaults are the shape that learned the toy task on 2 CPU cores in
-    30-40 s (about 137k parameters); see docs/backends/local.md.
+    The defaults are the shape of the toy-task prototype (about 137k
+    parameters), which learns the embedded task; see docs/backends/local.md.
     """
 
     hidden_size: int = 64
