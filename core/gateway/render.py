@@ -49,6 +49,8 @@ __all__ = ["ChatRenderer", "InvalidText", "PromptTooLong", "TailUnsupported", "T
 _ANCHOR_USER = "\u2063tracerl-anchor-user\u2063"
 _ANCHOR_ASSISTANT = "\u2063tracerl-anchor-assistant\u2063"
 _ANCHOR_REASONING = "\u2063tracerl-anchor-reasoning\u2063"
+_ANCHOR_ARGUMENT = "tracerl-anchor-argument-5f0c2e"
+"""ASCII: templates may ``tojson`` the arguments with ASCII escapes."""
 
 ANCHOR_CACHE_ENTRIES = 64
 """Most tool sets whose anchor render is cached (least recently used dropped first)."""
@@ -394,32 +396,49 @@ class ChatRenderer:
         """(cached tool sets, cached characters) of the anchor cache."""
         return sum(len(v) for v in self._anchor_cache.values()), self._anchor_chars
 
-    def _anchor(self, tools: list[dict[str, Any]] | None, reasoning: bool = False) -> tuple[str, str]:
-        """(anchor text, closer) for ``tools``, cached by tool names and matched by equality."""
-        key = self._key(tools, reasoning)
+    def _anchor(
+        self, tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = ()
+    ) -> tuple[str, str]:
+        """(anchor text, closer) for ``tools``, cached by tool names and matched by equality.
+
+        ``call``: the anchor's assistant message calls these tools (the served turn's, so a
+        template that names the last call in the tool results that follow renders them
+        right); its closer is what the template writes after the last call's JSON
+        arguments (``<|call|>`` for gpt-oss).
+        """
+        key = self._key(tools, reasoning, call)
         with self._anchor_lock:
             for entry in self._anchor_cache.get(key, ()):
                 if entry[0] == tools:
                     self._anchor_cache.move_to_end(key)
                     return entry[1], entry[2]
-        text = self.render_text(_anchor_messages(reasoning), tools, add_generation_prompt=False)
-        cut = text.rfind(_ANCHOR_ASSISTANT)
+        text = self.render_text(_anchor_messages(reasoning, call), tools, add_generation_prompt=False)
+        marker = _ANCHOR_ARGUMENT if call else _ANCHOR_ASSISTANT
+        cut = text.rfind(marker)
         if cut < 0:
             raise TailUnsupported("the template drops assistant content")
-        closer = text[cut + len(_ANCHOR_ASSISTANT) :]
+        cut += len(marker)
+        if call:  # past the arguments' closing brace
+            brace = text.find("}", cut)
+            if brace < 0:
+                raise TailUnsupported("the template does not write tool-call arguments as JSON")
+            cut = brace + 1
+        closer = text[cut:]
         if len(text) <= ANCHOR_CACHE_CHARS // 4:
             with self._anchor_lock:
                 self._remember(key, (tools, text, closer))
         return text, closer
 
     @staticmethod
-    def _key(tools: list[dict[str, Any]] | None, reasoning: bool = False) -> tuple[str, ...] | None:
+    def _key(
+        tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = ()
+    ) -> tuple[str, ...] | None:
         try:
             names = None if tools is None else tuple(str(t["function"]["name"]) for t in tools)
         except (KeyError, TypeError):
             names = ("\0unnamed",)
-        if reasoning:
-            return ("\0reasoning", *(names or ()))
+        if reasoning or call:
+            return ("\0reasoning" if reasoning else "", "\0call", *call, "\0tools", *(names or ()))
         return names
 
     def _remember(self, key: tuple[str, ...] | None, entry: tuple[Any, str, str]) -> None:
@@ -445,6 +464,7 @@ class ChatRenderer:
         already: int = 0,
         reasoning: bool = False,
         keep: bool = False,
+        calls: Sequence[str] = (),
     ) -> list[int]:
         """Tokens to append after a served, generated assistant turn.
 
@@ -459,20 +479,43 @@ class ChatRenderer:
             already: Tokens in front of the continuation (reported by ``PromptTooLong``).
             reasoning: The served turn carried reasoning and the client sent it back: the
                 template must render it in history (else ``TailUnsupported``).
-
-        Raises:
-            TailUnsupported: the template does not render incrementally here, or drops
-                the served turn's reasoning from history.
             keep: Extend the served tokens even where the template renders the anchor
                 differently once more messages follow (Qwen3 drops the empty ``<think>``
                 block of a past turn): the tail is then what the template writes after
                 the anchor's assistant content.
+            calls: Names of the served turn's tool calls. When the plain anchor fails, an
+                anchor that makes these calls is tried (gpt-oss renders a tool-call turn
+                unlike a plain answer, and names the call in the tool results).
+
+        Raises:
+            TailUnsupported: the template does not render incrementally here, or drops
+                the served turn's reasoning from history.
             PromptTooLong: the continuation needs more than ``limit`` tokens.
             TemplateRefused: the template raised on the tail itself.
         """
-        anchor = _anchor_messages(reasoning)
         try:
-            anchor_text, closer = self._anchor(tools, reasoning)
+            text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=keep)
+        except TailUnsupported:
+            if not calls or keep or not emitted_closer:
+                raise
+            text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=False, calls=tuple(calls))
+        self._check_fits(text, limit, already)
+        return self.encode(text)
+
+    def _tail_text(
+        self,
+        tail: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        emitted_closer: str,
+        *,
+        reasoning: bool,
+        keep: bool,
+        calls: tuple[str, ...] = (),
+    ) -> str:
+        """``render_continuation``'s text, after a plain anchor or one that makes ``calls``."""
+        anchor = _anchor_messages(reasoning, calls)
+        try:
+            anchor_text, closer = self._anchor(tools, reasoning, calls)
             full = self.render_text([*anchor, *tail], tools, add_generation_prompt=True)
         except TemplateRefused as exc:
             # The made-up anchor conversation may break a rule the real one keeps (a
@@ -497,15 +540,20 @@ class ChatRenderer:
             if emitted_closer and closer.startswith(emitted_closer):
                 closer = closer[len(emitted_closer) :]
             text = closer + full[len(anchor_text) :]
-        self._check_fits(text, limit, already)
-        return self.encode(text)
+        return text
 
 
-def _anchor_messages(reasoning: bool) -> list[dict[str, Any]]:
-    """The made-up conversation a tail is rendered after (its assistant with reasoning or not)."""
-    assistant: dict[str, Any] = {"role": "assistant", "content": _ANCHOR_ASSISTANT}
+def _anchor_messages(reasoning: bool, calls: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The made-up conversation a tail is rendered after (its assistant with reasoning or not,
+    answering or making ``calls``)."""
+    assistant: dict[str, Any] = {"role": "assistant", "content": "" if calls else _ANCHOR_ASSISTANT}
     if reasoning:
         assistant["reasoning_content"] = _ANCHOR_REASONING
+    if calls:
+        assistant["tool_calls"] = [
+            {"id": f"call_anchor{i}", "type": "function", "function": {"name": name, "arguments": {"a": _ANCHOR_ARGUMENT}}}
+            for i, name in enumerate(calls)
+        ]
     return [{"role": "user", "content": _ANCHOR_USER}, assistant]
 
 

@@ -498,6 +498,7 @@ class Gateway:
                     s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, parent.emitted_closer,
                     limit=None if limit is None else limit - parent.end, already=parent.end, reasoning=reasoning,
                     keep=self.config.keep_reasoning,
+                    calls=[c["function"]["name"] for c in path[gen].canon[-1].get("tool_calls") or ()],
                 )
             except TailUnsupported:
                 s.counters["tail_fallbacks"] += 1

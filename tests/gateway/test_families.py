@@ -448,11 +448,12 @@ def harmony_final(reasoning: str, answer: str) -> str:
 
 
 @pytest.mark.parametrize("family", [("gpt-oss", {})], indirect=True)
-def test_gpt_oss_harmony_turns_are_parsed_and_each_is_the_templates_rendering(family: tuple[Harness, Any]) -> None:
+def test_gpt_oss_tool_loop_is_one_exact_row_and_a_new_question_forks(family: tuple[Harness, Any]) -> None:
     """gpt-oss: analysis channel -> reasoning, ``to=functions.NAME`` -> tool call; stops on <|call|>
-    and <|return|>. Its template renders a past final answer with <|end|> (the model wrote
-    <|return|>) and a tool-call turn differently from a plain anchor, so every turn's prompt is
-    the template's full rendering and each turn is its own row."""
+    and <|return|>. Its template renders a tool-call turn sent back with its ``thinking`` exactly as
+    generated (so the tool loop is one row, continued after an anchor that makes the same call),
+    but writes a past final answer with <|end|> where the model wrote <|return|> and drops its
+    analysis: the new question's turn is the template's rendering, a new row."""
     h, tok = family
     call, ret = tok.convert_tokens_to_ids("<|call|>"), tok.convert_tokens_to_ids("<|return|>")
     assert {call, ret} <= set(h.gw.end_of_turn_ids)
@@ -467,21 +468,20 @@ def test_gpt_oss_harmony_turns_are_parsed_and_each_is_the_templates_rendering(fa
     assert final.content == "89." and final.reasoning_content == "Add 5."  # type: ignore[attr-defined]
     agent.user("And 2+2?")
     agent.turn(harmony_final("Easy.", "4."))
-    rows = agent.rows()
-    assert len(rows) == 3 and all(len(r.turns) == 1 for r in rows)
-    reference: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
-    generated = [(harmony_call("Need the product.", "12*7"), call), (harmony_final("Add 5.", "89."), ret),
-                 (harmony_final("Easy.", "4."), ret)]
-    after = [
-        [{"role": "assistant", "content": "", "thinking": "Need the product.", "tool_calls": calls("12*7")},
-         {"role": "tool", "content": "84"}],
-        [{"role": "assistant", "content": "89.", "thinking": "Add 5."}, {"role": "user", "content": "And 2+2?"}],
-        [],
+    loop, question = agent.rows()
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "thinking": "Need the product.", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "89.", "thinking": "Add 5."},
     ]
-    for row, (text, end), more in zip(rows, generated, after, strict=True):
-        assert row.token_ids == rendered(tok, reference, generation=True) + [*ids(tok, text), end]
-        reference += more
-    assert rows[0].metadata["tool_parser"] == "harmony" and rows[0].metadata["reasoning_parser"] == "harmony"
+    assert loop.token_ids == rendered(tok, reference)  # ends on the <|return|> the model wrote
+    assert len(loop.turns) == 2 and loop.metadata["tool_parser"] == "harmony"
+    assert loop.metadata["reasoning_parser"] == "harmony"
+    prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True)
+    assert "Add 5." not in tok.decode(prompt)
+    assert question.token_ids == prompt + [*ids(tok, harmony_final("Easy.", "4.")), ret]
 
 
 def test_gpt_oss_tokenizer_matches_quicktoks_encoder() -> None:
