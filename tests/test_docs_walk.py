@@ -106,6 +106,25 @@ def test_quickstart_names_only_scripts_that_exist() -> None:
         assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module
 
 
+def test_the_quickstart_agent_needs_only_the_main_install() -> None:
+    """`bash scripts/setup.sh` (no test extra) must provide what the page's agent imports."""
+    import ast
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    main = {re.split(r"[<>=\[; ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    section = _section(QUICKSTART.read_text(), "## 2. Bring your own agent")
+    for block in _blocks(section, "python"):
+        for node in ast.walk(ast.parse(block)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )
+            for top in {n.split(".")[0] for n in names}:
+                if top in sys.stdlib_module_names or top == "core":
+                    continue
+                assert top in main, f"the quickstart's agent imports {top!r}, not in the main install"
+
+
 @pytest.mark.slow
 def test_bring_your_own_agent_runs_as_written(tmp_path: Path) -> None:
     section = _section(QUICKSTART.read_text(), "## 2. Bring your own agent")

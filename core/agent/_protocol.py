@@ -121,7 +121,7 @@ class ModelConfig:
 
     Example:
         >>> cfg = ModelConfig.from_payload(payload)
-        >>> client = openai.OpenAI(base_url=cfg.base_url, api_key=cfg.api_key)
+        >>> client = shared_client.with_options(api_key=cfg.api_key)  # one pool per process
     """
 
     base_url: str
