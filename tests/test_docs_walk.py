@@ -80,6 +80,15 @@ def _compose(overrides: list[str]) -> Any:
         return compose(config_name=PRIMARY_CONFIG, overrides=overrides)
 
 
+def _check_shown_lines(stdout: str, shown: str) -> None:
+    """Every line the page shows, other than the timed step lines, is printed (paths as wildcards)."""
+    for line in shown.strip().splitlines():
+        if STEP_LINE.match(line):
+            continue
+        pattern = re.escape(line).replace(re.escape("outputs/<date>/<time>"), r"\S+")
+        assert re.search(rf"^{pattern}$", stdout, re.MULTILINE), (line, stdout)
+
+
 def _check_step_lines(stdout: str, steps: int) -> list[re.Match[str]]:
     matches = [m for m in map(STEP_LINE.match, stdout.splitlines()) if m]
     assert [int(m.group(1)) for m in matches] == list(range(1, steps + 1)), stdout
@@ -141,6 +150,7 @@ def test_bring_your_own_agent_runs_as_written(tmp_path: Path) -> None:
     shown = _blocks(section, "text")[0]
     steps = len([ln for ln in shown.splitlines() if STEP_LINE.match(ln)])
     _check_step_lines(proc.stdout, steps)
+    _check_shown_lines(proc.stdout, shown)
     assert "outputs/" in proc.stdout and list(tmp_path.glob("outputs/*/*/metrics.jsonl"))
 
 
@@ -152,7 +162,7 @@ def test_each_example_trains_with_its_documented_command(task: str, tmp_path: Pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = int(re.search(r"trainer\.max_steps=(\d+)", command).group(1))  # type: ignore[union-attr]
     _check_step_lines(proc.stdout, steps)
-    assert re.search(r"^step +0  eval \d\.\d{3}$", proc.stdout, re.MULTILINE), proc.stdout
+    _check_shown_lines(proc.stdout, _blocks(EXAMPLES.read_text(), "text")[0])
     records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "rollouts/total" in r]
     assert all(r["rollouts/ok"] == r["rollouts/total"] == 16 for r in train), train
