@@ -62,7 +62,8 @@ class TrainerConfig:
     max_rollouts_in_flight: int = 0
     """``mode=async``: most training rollouts started and not yet finished (a multiple
     of ``group_size`` is used); 0: ``(max_staleness + 1) * batch_size * group_size``,
-    the most the staleness bound can use."""
+    the most the staleness bound can use. Rollouts past ``max_concurrent_rollouts``
+    wait for a slot (and sample whatever weights are current when they start)."""
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: console, jsonl, and wandb / tensorboard when installed."""
     save_traces: int = 1
