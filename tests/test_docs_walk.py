@@ -188,3 +188,21 @@ def test_no_file_in_the_repository_refers_to_a_path_outside_it() -> None:
             continue
         hits += [f"{name}: {m.group(0)}" for m in outside.finditer(text)]
     assert not hits, hits
+
+
+@pytest.mark.slow
+def test_local_backend_page_names_the_metric_keys_a_run_writes(tmp_path: Path) -> None:
+    """docs/backends/local.md's `train/...` names are keys of a real run's metrics.jsonl
+    (one step; cross_entropy trains even when no group has an advantage)."""
+    documented = set(re.findall(r"`(train/[a-z_]+)`", (ROOT / "docs/backends/local.md").read_text()))
+    assert {"train/logprob_diff_max", "train/loss"} <= documented
+    command = (
+        "python -m core.train trainer.max_steps=1 trainer.batch_size=2 trainer.group_size=4 "
+        "trainer.eval_size=1 trainer.canary=false trainer.save_every=0 "
+        f"algorithm.loss=cross_entropy trainer.progress=false run_dir={tmp_path / 'run'}"
+    )
+    proc = _run(command, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    written = {key for r in records for key in r}
+    assert documented <= written, sorted(documented - written)
