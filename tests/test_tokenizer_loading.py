@@ -53,33 +53,35 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         # A Qwen2-style repository names Qwen2Tokenizer; AutoTokenizer picks its class.
         "qwen2": _save(build_tiny_tokenizer(), root / "qwen2", "Qwen2Tokenizer"),
         "llama3": llama,
-        "no_class": _save(build_tiny_tokenizer(), root / "no_class", None),
     }
 
 
 _LOAD_IN_FRESH_PROCESS = """
 import json, sys
 from core.tokenizer_export import load_tokenizer_without_torch
-tok = load_tokenizer_without_torch(sys.argv[1])
-ids = tok.apply_chat_template(json.loads(sys.argv[2]), tokenize=True, add_generation_prompt=True)
-ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-print(json.dumps({"torch": "torch" in sys.modules, "ids": list(ids)}))
+out = {}
+for path in sys.argv[2:]:
+    tok = load_tokenizer_without_torch(path)
+    ids = tok.apply_chat_template(json.loads(sys.argv[1]), tokenize=True, add_generation_prompt=True)
+    out[path] = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+print(json.dumps({"torch": "torch" in sys.modules, "ids": out}))
 """
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama3", "no_class"])
-def test_loads_without_torch_and_renders_as_auto_tokenizer_does(dirs: dict[str, Path], name: str) -> None:
+def test_loads_without_torch_and_renders_as_auto_tokenizer_does(dirs: dict[str, Path]) -> None:
+    """One fresh interpreter loads two directories: no torch, and AutoTokenizer's ids."""
+    paths = [str(dirs[name]) for name in ("qwen2", "llama3")]
     proc = subprocess.run(
-        [sys.executable, "-c", _LOAD_IN_FRESH_PROCESS, str(dirs[name]), json.dumps(CHAT)],
-        capture_output=True, text=True, timeout=180,
+        [sys.executable, "-c", _LOAD_IN_FRESH_PROCESS, json.dumps(CHAT), *paths],
+        capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     fresh = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert fresh["torch"] is False, f"loading {name} imported torch in the caller"
-    auto = load_tokenizer(str(dirs[name]))
-    expected = auto.apply_chat_template(CHAT, tokenize=True, add_generation_prompt=True)
-    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
-    assert fresh["ids"] == list(expected)
+    assert fresh["torch"] is False, "loading a tokenizer directory imported torch in the caller"
+    for path in paths:
+        expected = load_tokenizer(path).apply_chat_template(CHAT, tokenize=True, add_generation_prompt=True)
+        expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+        assert fresh["ids"][path] == list(expected), path
 
 
 def test_the_copy_matches_every_probe_and_keeps_the_end_of_turn_ids(dirs: dict[str, Path]) -> None:
@@ -92,29 +94,53 @@ def test_the_copy_matches_every_probe_and_keeps_the_end_of_turn_ids(dirs: dict[s
     assert len(end_of_turn_ids(copy)) == 3
 
 
+def _child_answers(monkeypatch: pytest.MonkeyPatch, returncode: int, stdout: str, stderr: str = "") -> None:
+    """The child process's answer, without starting it: what is tested is the caller's decision."""
+    import core.tokenizer_export as export
+
+    def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(args, returncode, stdout, stderr)
+
+    monkeypatch.setattr(export.subprocess, "run", run)
+
+
 def test_a_copy_that_differs_falls_back_to_auto_tokenizer(
     dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A copy whose probes differ from the original is not used; the log names the probe."""
-    import core.tokenizer_export as export
-
-    real = export.fingerprint
-
-    def skewed(tokenizer: Any) -> dict[str, Any]:
-        out = real(tokenizer)
-        out["size"] += 1  # as if the reloaded copy had lost or gained a token
-        return out
-
-    monkeypatch.setattr(export, "fingerprint", skewed)
+    """The child says its copy differs from the original: the caller loads with AutoTokenizer, and says why."""
+    verdict = {"ok": False, "difference": "chat/tools/True", "fingerprint": {}, "class": "Qwen2TokenizerFast"}
+    _child_answers(monkeypatch, 0, json.dumps(verdict) + "\n")
     with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"):
         tok = load_tokenizer_without_torch(str(dirs["qwen2"]))
-    assert "differs in 'size'" in caplog.text
+    assert "differs in 'chat/tools/True'" in caplog.text
     assert type(tok).__name__ == type(load_tokenizer(str(dirs["qwen2"]))).__name__
 
 
-def test_a_missing_tokenizer_raises_the_loaders_own_error(tmp_path: Path) -> None:
-    with pytest.raises(OSError):
+def test_a_copy_loaded_here_that_differs_falls_back(
+    dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The child's copy agreed, but what the caller loads from it does not match the child's fingerprint."""
+    import core.tokenizer_export as export
+
+    def fake_child(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        verdict = export.export(args[-2], args[-1])  # the child's work, in this process
+        verdict["fingerprint"]["size"] += 1  # as if the copy had lost a token on the way
+        return subprocess.CompletedProcess(args, 0, json.dumps(verdict) + "\n", "")
+
+    monkeypatch.setattr(export.subprocess, "run", fake_child)
+    with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"):
+        load_tokenizer_without_torch(str(dirs["qwen2"]))
+    assert "the copy loaded here differs in 'size'" in caplog.text
+
+
+def test_a_failing_child_leaves_the_error_to_the_loader_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A path that does not exist fails in the child; the caller's own load raises the real error."""
+    _child_answers(monkeypatch, 1, "", "OSError: no such tokenizer\n")
+    with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"), pytest.raises(OSError):
         load_tokenizer_without_torch(str(tmp_path / "nowhere"))
+    assert "OSError: no such tokenizer" in caplog.text
 
 
 @pytest.mark.integration
