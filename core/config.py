@@ -2,7 +2,7 @@
 
 ``register_configs(plugins)`` stores ``base_train`` (the schema the primary
 config ``conf/train.yaml`` starts from) and one node per registered backend
-(``backend/<name>``) and runtime (``runtime/<name>``), so an installed plugin's
+(``backend/<name>``), runtime (``runtime/<name>``) and reward (``reward/<name>``), so an installed plugin's
 option exists without anyone editing ``conf/``.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from core.eval.config import EvalConfig
 from core.gateway.config import GatewayConfig
 from core.plugins.manager import Plugins
 from core.trainer.config import AlgorithmConfig, TaskConfig, TrainerConfig
@@ -36,6 +37,8 @@ class TrainConfig:
     """The ``backend/<name>`` node a plugin registered; has at least ``name``."""
     runtime: Any = MISSING
     """The ``runtime/<name>`` node; has at least ``name``."""
+    reward: Any = MISSING
+    """The ``reward/<name>`` node (``core.rewards.RewardConfig`` fields at least)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantages and loss."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -44,10 +47,12 @@ class TrainConfig:
     """The token-capturing gateway."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop length, sizes and guards."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """``python -m core.eval`` settings (docs/eval.md)."""
 
 
 def register_configs(plugins: Plugins) -> None:
-    """Store the schema and every plugin's backend/runtime node in Hydra's ConfigStore."""
+    """Store the schema and every plugin's backend/runtime/reward node in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig, provider="tracerl")
     for spec in plugins.backends:
@@ -64,5 +69,13 @@ def register_configs(plugins: Plugins) -> None:
             group="runtime",
             name=rspec.name,
             node=plugins.runtimes.node(rspec.name),
+            provider=origin.distribution or origin.plugin,
+        )
+    for wspec in plugins.rewards:
+        origin = plugins.rewards.origin(wspec.name)
+        cs.store(
+            group="reward",
+            name=wspec.name,
+            node=plugins.rewards.node(wspec.name),
             provider=origin.distribution or origin.plugin,
         )

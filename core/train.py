@@ -15,7 +15,7 @@ from typing import Any
 
 from core.errors import ConfigError, PluginError, TracerlError
 
-_GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime)=(?P<value>[^\s]+)$")
+_GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime|reward)=(?P<value>[^\s]+)$")
 
 
 def _default_choice(group: str) -> str | None:
@@ -32,13 +32,13 @@ def _default_choice(group: str) -> str | None:
 
 
 def requested_choices(argv: list[str]) -> dict[str, str]:
-    """Which backend and runtime the command line (or the defaults) select."""
+    """Which backend, runtime and reward the command line (or the defaults) select."""
     chosen: dict[str, str] = {}
     for arg in argv:
         match = _GROUP_OVERRIDE.match(arg)
         if match:
             chosen[match.group(1)] = match.group("value")
-    for group in ("backend", "runtime"):
+    for group in ("backend", "runtime", "reward"):
         if group not in chosen:
             default = _default_choice(group)
             if default is not None:
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             plugins.backend(choices["backend"])
         if "runtime" in choices and not helping:
             plugins.runtime(choices["runtime"])
+        if "reward" in choices and not helping:
+            plugins.reward(choices["reward"])
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -81,6 +81,14 @@ class RolloutStatus(StrEnum):
     NO_MODEL_CALLS = "no_model_calls"
     """The agent returned a reward without calling the model: nothing to train, and
     the reward says nothing about the policy."""
+    JUDGE_ERROR = "judge_error"
+    """A trainer-side reward (``reward=<name>``: an LLM judge, a verifier) failed to
+    score the rollout; it is excluded, never scored a silent 0."""
+    REWARD_PENDING = "reward_pending"
+    """The agent finished with its reward still to come (``reward_pending: true``); the
+    loop waits ``reward.timeout_s`` for it to be posted. Never trained as such."""
+    REWARD_TIMEOUT = "reward_timeout"
+    """A pending reward was not posted within ``reward.timeout_s``."""
 
     @property
     def failed(self) -> bool:

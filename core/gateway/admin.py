@@ -1,4 +1,4 @@
-"""Admin routes: create, inspect, finish and drop sessions over HTTP (token required).
+"""Admin routes: create, inspect, finish and drop sessions, post late rewards (token required).
 
 Defines ``admin_routes(gateway)`` and the pydantic ``CreateSessionBody``.
 The admin token travels as ``Authorization: Bearer <token>`` or ``X-Admin-Token``;
@@ -17,7 +17,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core.gateway.errors import GatewayError, bad_request, forbidden, openai_envelope, unauthorized
+from core.gateway.errors import (
+    GatewayError,
+    bad_request,
+    forbidden,
+    not_found,
+    openai_envelope,
+    unauthorized,
+)
 from core.gateway.fastpath import read_raw
 from core.types import SamplingParams
 
@@ -49,6 +56,13 @@ class CreateSessionBody(BaseModel):
     metadata: dict[str, Any] = {}
     history_mode: Literal["linear", "tree"] | None = None
     allow_sampling_overrides: bool | None = None
+
+
+class RewardBody(BaseModel):
+    """Body of ``POST /admin/rollouts/{id}/reward``: the reward of a rollout left pending."""
+
+    model_config = ConfigDict(extra="forbid")
+    reward: float = Field(allow_inf_nan=False)
 
 
 def _check_admin(gateway: Gateway, request: Request) -> None:
@@ -131,6 +145,26 @@ def admin_routes(gateway: Gateway) -> list[Route]:
     async def finish(request: Request) -> Any:
         return {"rows": _rows_json(gateway.finish_session(request.path_params["sid"]))}
 
+    async def post_reward(request: Request) -> Any:
+        from core.errors import ConfigError
+
+        cfg = gateway.config
+        raw = await read_raw(
+            request, cfg.max_admin_body_bytes, cfg.body_read_timeout_s or None, limit_key="gateway.max_admin_body_bytes"
+        )
+        try:
+            body = RewardBody.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise bad_request(f"invalid reward at {where!r}: {first['msg']}; send {{\"reward\": <number>}}") from None
+        rid = request.path_params["rid"]
+        try:
+            gateway.late_rewards.post(rid, body.reward)
+        except ConfigError as exc:
+            raise not_found(str(exc)) from None
+        return {"rollout_id": rid, "reward": body.reward}
+
     async def drop(request: Request) -> Any:
         gateway.session(request.path_params["sid"])
         gateway.drop_session(request.path_params["sid"])
@@ -144,4 +178,5 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         Route("/admin/sessions/{sid}", wrap(drop), methods=["DELETE"]),
         Route("/admin/sessions/{sid}/trace", wrap(trace), methods=["GET"]),
         Route("/admin/sessions/{sid}/finish", wrap(finish), methods=["POST"]),
+        Route("/admin/rollouts/{rid}/reward", wrap(post_reward), methods=["POST"]),
     ]

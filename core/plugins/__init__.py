@@ -25,6 +25,8 @@ from core.plugins.registry import (
     BackendSpec,
     PluginProblem,
     Registration,
+    RewardRegistry,
+    RewardSpec,
     RuntimeRegistry,
     RuntimeSpec,
 )
@@ -42,6 +44,8 @@ __all__ = [
     "PluginProblem",
     "Plugins",
     "Registration",
+    "RewardRegistry",
+    "RewardSpec",
     "RuntimeRegistry",
     "RuntimeSpec",
     "hookimpl",

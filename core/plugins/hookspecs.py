@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from core.plugins.registry import BackendRegistry, RuntimeRegistry
+    from core.plugins.registry import BackendRegistry, RewardRegistry, RuntimeRegistry
 
 PROJECT_NAME = "tracerl"
 
@@ -66,4 +66,24 @@ def tracerl_register_runtimes(registry: RuntimeRegistry) -> None:
     .. versionadded:: 0.1
 
     Called for every plugin; core registers its own runtimes (``local``) the same way.
+    """
+
+
+@hookspec
+def tracerl_register_rewards(registry: RewardRegistry) -> None:
+    """Register trainer-side reward functions (``reward=<name>``).
+
+    Called once per plugin when the plugin manager is built, like
+    ``tracerl_register_backends``. Each spec's ``config`` becomes the Hydra node
+    ``reward/<name>``; its factory returns a ``core.rewards.RewardFunction`` that
+    scores finished rollouts (one group at a time) in the training loop and in
+    ``python -m core.eval``.
+
+    :param registry: The reward registry; add to it, do not replace it.
+    :returns: Nothing; results are collected through ``registry``.
+
+    .. versionadded:: 0.2
+
+    Called for every plugin; core registers its own rewards (``agent``, ``match``,
+    ``math``, ``judge``) the same way.
     """

@@ -26,6 +26,8 @@ from core.plugins.registry import (
     PluginProblem,
     ProblemKind,
     Registration,
+    RewardRegistry,
+    RewardSpec,
     RuntimeRegistry,
     RuntimeSpec,
     unknown_keys,
@@ -36,7 +38,7 @@ DISABLE_ENV = "TRACERL_DISABLE_PLUGINS"
 NO_AUTOLOAD_ENV = "TRACERL_DISABLE_PLUGIN_AUTOLOAD"
 
 # Core's own plugin modules, registered like any third-party plugin.
-BUILTIN_PLUGINS: tuple[str, ...] = ("core.runtime.plugin",)
+BUILTIN_PLUGINS: tuple[str, ...] = ("core.runtime.plugin", "core.rewards.plugin")
 
 # Backends that live in this repository but ship as separate distributions:
 # when one is asked for and missing, say which install fixes it.
@@ -89,6 +91,8 @@ class Plugins:
     manager: pluggy.PluginManager
     backends: BackendRegistry
     runtimes: RuntimeRegistry
+    rewards: RewardRegistry = field(default_factory=RewardRegistry)
+    """Trainer-side reward functions (``reward=<name>``)."""
     load_problems: list[PluginProblem] = field(default_factory=list)
     """Plugins that failed to import or to run their hooks (all their names are unavailable)."""
     blocked: list[BlockedPlugin] = field(default_factory=list)
@@ -99,7 +103,12 @@ class Plugins:
     @property
     def problems(self) -> list[PluginProblem]:
         """Every problem: plugins that did not load, then rejected backend and runtime names."""
-        return [*self.load_problems, *self.backends.problems(), *self.runtimes.problems()]
+        return [
+            *self.load_problems,
+            *self.backends.problems(),
+            *self.runtimes.problems(),
+            *self.rewards.problems(),
+        ]
 
     def warnings(self) -> list[str]:
         """One line per problem and per useless ``TRACERL_DISABLE_PLUGINS`` entry, for the console."""
@@ -166,6 +175,24 @@ class Plugins:
             f"{self._unloaded_note(bool(blocked))}"
         )
 
+    def reward(self, name: str) -> RewardSpec:
+        """The reward function registered as ``name``.
+
+        Raises:
+            PluginError: its plugin is broken or the name is registered twice.
+            ConfigError: ``name`` is blocked or unknown (listing the installed rewards).
+        """
+        spec = self.rewards.get(name)
+        if spec is not None:
+            return spec
+        self._raise_if_broken("reward", name)
+        blocked = self._blocked_message("reward", name)
+        hint = blocked or f"unknown reward {name!r}."
+        raise ConfigError(
+            f"{hint} Installed rewards: {', '.join(self.rewards.names()) or 'none'}."
+            f"{self._unloaded_note(bool(blocked))}"
+        )
+
     def check_config(self, cfg: Any) -> None:
         """Refuse keys in ``cfg.backend`` / ``cfg.runtime`` that their plugin's node lacks.
 
@@ -178,7 +205,12 @@ class Plugins:
         import difflib
 
         errors: list[str] = []
-        for group, registry in (("backend", self.backends), ("runtime", self.runtimes)):
+        groups: tuple[tuple[str, Any], ...] = (
+            ("backend", self.backends),
+            ("runtime", self.runtimes),
+            ("reward", self.rewards),
+        )
+        for group, registry in groups:
             given = cfg.get(group) if hasattr(cfg, "get") else None
             name = str(given.get("name")) if given is not None and hasattr(given, "get") else ""
             if name not in registry:
@@ -197,7 +229,7 @@ class Plugins:
             raise ConfigError("\n".join(errors))
 
     def _raise_if_broken(self, group: str, name: str) -> None:
-        registry = self.backends if group == "backend" else self.runtimes
+        registry: Any = {"backend": self.backends, "runtime": self.runtimes, "reward": self.rewards}[group]
         rejected = registry.problems(name)
         if rejected:
             raise PluginError(f"{group} {name!r} is unavailable: {rejected[-1].message}")
@@ -233,7 +265,10 @@ class Plugins:
 
 
 # Names core's own plugin modules register, so blocking one explains a missing name.
-_BUILTIN_NAMES: dict[str, tuple[str, ...]] = {"core.runtime.plugin": ("local", "agentcore")}
+_BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
+    "core.runtime.plugin": ("local", "agentcore"),
+    "core.rewards.plugin": ("agent", "match", "math", "judge"),
+}
 
 
 def _debug_hint(problem: PluginProblem) -> str:
@@ -430,7 +465,7 @@ def load_plugins(*, extra_plugins: tuple[Any, ...] = ()) -> Plugins:
             )
         )
 
-    backends, runtimes = BackendRegistry(), RuntimeRegistry()
+    backends, runtimes, rewards = BackendRegistry(), RuntimeRegistry(), RewardRegistry()
     for plugin_name, plugin in pm.list_name_plugin():
         if plugin is None:  # blocked
             continue
@@ -439,6 +474,7 @@ def load_plugins(*, extra_plugins: tuple[Any, ...] = ()) -> Plugins:
         for hook_name, registry in (
             ("tracerl_register_backends", backends),
             ("tracerl_register_runtimes", runtimes),
+            ("tracerl_register_rewards", rewards),
         ):
             caller = pm.subset_hook_caller(hook_name, remove_plugins=others)
             registry._current = origin
@@ -447,13 +483,15 @@ def load_plugins(*, extra_plugins: tuple[Any, ...] = ()) -> Plugins:
             except Exception as exc:
                 backends.discard_plugin(plugin_name)
                 runtimes.discard_plugin(plugin_name)
+                rewards.discard_plugin(plugin_name)
                 problems.append(_load_problem("hooks", origin, f"failed in {hook_name}", exc))
                 break
-        backends._current = runtimes._current = replace(origin, plugin="<direct>")
+        backends._current = runtimes._current = rewards._current = replace(origin, plugin="<direct>")
     return Plugins(
         manager=pm,
         backends=backends,
         runtimes=runtimes,
+        rewards=rewards,
         load_problems=problems,
         blocked=blocked,
         unmatched_blocks=unmatched,

@@ -1,7 +1,7 @@
 """Registries that plugins fill through the registration hooks.
 
-Defines ``BackendSpec`` and ``RuntimeSpec`` (what a plugin registers),
-``BackendRegistry`` / ``RuntimeRegistry`` (typed facades that check every
+Defines ``BackendSpec``, ``RuntimeSpec`` and ``RewardSpec`` (what a plugin registers),
+``BackendRegistry`` / ``RuntimeRegistry`` / ``RewardRegistry`` (typed facades that check every
 registration and remember which plugin and distribution registered what) and
 ``PluginProblem`` (one broken plugin or registration, worded for the user).
 
@@ -60,6 +60,22 @@ class RuntimeSpec:
 
 
 @dataclass(frozen=True)
+class RewardSpec:
+    """A trainer-side reward function, as a plugin registers it."""
+
+    name: str
+    """Name users pick with ``reward=<name>``."""
+    factory: Callable[[Any], Any]
+    """Called with the composed config (its ``reward`` node is this spec's); returns a
+    ``core.rewards.RewardFunction`` (or None: the agent's own reward stands)."""
+    config: Any
+    """Default Hydra node for ``reward/<name>``; subclass ``core.rewards.RewardConfig``
+    (``mode``, ``component``, ``timeout_s``)."""
+    description: str = ""
+    """One line shown by ``python -m core.plugins``."""
+
+
+@dataclass(frozen=True)
 class Registration:
     """Who registered a spec: the plugin and, when installed, its distribution."""
 
@@ -105,7 +121,7 @@ class PluginProblem:
     """The traceback, shown with ``TRACERL_DEBUG=1``."""
 
 
-SpecT = TypeVar("SpecT", BackendSpec, RuntimeSpec)
+SpecT = TypeVar("SpecT", BackendSpec, RuntimeSpec, RewardSpec)
 
 
 def _block_hint(origin: Registration) -> str:
@@ -316,3 +332,10 @@ class RuntimeRegistry(_Registry[RuntimeSpec]):
 
     def __init__(self) -> None:
         super().__init__(kind="runtime")
+
+
+class RewardRegistry(_Registry[RewardSpec]):
+    """Trainer-side reward functions by name. Passed to ``tracerl_register_rewards``."""
+
+    def __init__(self) -> None:
+        super().__init__(kind="reward")

@@ -96,6 +96,11 @@ def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> Rollou
         return RolloutResult(
             rollout_id, RolloutStatus.CRASHED, error=str(text), elapsed_s=elapsed_s
         )
+    if output.get("reward_pending") is True and output.get("reward", output.get("rewards")) is None:
+        # The reward is posted later (core.rewards.late); the runner waits for it.
+        return RolloutResult(
+            rollout_id, RolloutStatus.REWARD_PENDING, metrics=_metrics(output), elapsed_s=elapsed_s
+        )
     status, reward, error = extract_reward(output)
     return RolloutResult(
         rollout_id,

@@ -236,6 +236,8 @@ class LocalRuntime:
             "model_id": request.model_id,
             "api_key": request.session_id,
             "sampling_params": dict(request.sampling_params),
+            # Names the rollout for a reward posted later (POST /admin/rollouts/{id}/reward).
+            "rollout_id": request.rollout_id,
         }
         rollout = request.payload.get("_rollout")
         return {

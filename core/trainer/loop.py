@@ -34,7 +34,9 @@ from omegaconf import OmegaConf
 from core.algo.advantages import STD_KINDS
 from core.backends_common import parse_loss_spec
 from core.errors import ConfigError, RunAborted
+from core.eval.run import eval_metrics, run_eval
 from core.gateway.config import GatewayConfig
+from core.rewards.stage import build_reward_stage, component_metrics
 from core.trainer.checkpoint import (
     RunDirLock,
     checkpoint_dir,
@@ -202,6 +204,8 @@ class Trainer:
         )
         self._closers.append(stack.aclose)
         self.server, self.runtime, self.runner = stack.server, stack.runtime, stack.runner
+        self.rewards = build_reward_stage(self.cfg, self.plugins, self.runner)
+        self._closers.append(self.rewards.aclose)
         loggers = list(self.t.loggers)
         self.metrics = MetricsWriter(
             self.run_dir, loggers, config=OmegaConf.to_container(self.cfg, resolve=True)  # type: ignore[arg-type]
@@ -326,21 +330,20 @@ class Trainer:
         return out
 
     async def evaluate(self) -> dict[str, float]:
-        """Mean reward over the eval rows, one rollout each, at the eval temperature."""
-        rows = self.eval_rows[: int(self.t.eval_size)]
-        if not rows:
+        """Mean reward over the eval rows, one rollout each, at the eval temperature
+        (``core.eval.run_eval``, as ``python -m core.eval`` runs them)."""
+        payloads = self.eval_rows[: int(self.t.eval_size)]
+        if not payloads:
             return {}
-        outcomes = await self.runner.run_groups(
-            [(f"eval{i}", p) for i, p in enumerate(rows)],
-            group_size=1,
+        outcomes, rows = await run_eval(
+            self.runner,
+            payloads,
+            samples_per_prompt=1,
             sampling=self._sampling(self.algo.eval_temperature, stream=2),
+            rewards=self.rewards,
         )
         self.traces.write_step(self.step, outcomes, {}, kind="eval")
-        ok = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
-        return {
-            "eval/reward_mean": sum(ok) / len(ok) if ok else float("nan"),
-            "eval/failed": float(len(outcomes) - len(ok)),
-        }
+        return eval_metrics(rows, pass_threshold=float(self.cfg.eval.pass_threshold))
 
     async def _checkpoint(self, async_state: dict[str, Any] | None = None) -> float:
         """Save the backend and the loop's state; ``async_state`` is the pool's snapshot,
@@ -458,6 +461,9 @@ class Trainer:
             flow = {"time/trainer_idle": times.rollout}
         else:
             outcomes, flow = await self._take(times)
+        t0 = time.perf_counter()
+        outcomes = await self.rewards.score(outcomes)  # reward=<name>; the agent's own by default
+        flow["time/reward"] = time.perf_counter() - t0
         version = int(self.backend.weight_version)  # the weights these outcomes train
         statuses = self._check_failures(outcomes)
         signal = self._signal(outcomes)
@@ -503,6 +509,7 @@ class Trainer:
         step_time = time.perf_counter() - t_step
         record = self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
         record.update(self._flow_metrics(outcomes, version, flow, times, step_time))
+        record.update(component_metrics(outcomes))
         record.update(self.traces.write_step(self.step, outcomes, signal.advantages, weight_version=version))
         return record
 

@@ -41,6 +41,9 @@ a cancelled speculative call), and the trace holds exactly what the agent receiv
 DEFAULT_MAX_ABS_REWARD = 1e9
 """Largest ``|reward|`` accepted by default (``trainer.max_abs_reward``)."""
 
+DEFAULT_REWARD_TIMEOUT_S = 60.0
+"""How long a rollout that finished ``reward_pending`` waits for its reward (``reward.timeout_s``)."""
+
 FAULT_KEYS: tuple[str, ...] = (
     "sampler_errors",
     "in_flight_at_finish",
@@ -132,6 +135,7 @@ async def start_rollout_stack(
         timeout_s=float(trainer.rollout_timeout_s),
         exclude_on=[str(x) for x in _setting(trainer, "exclude_on", DEFAULT_EXCLUDE_ON)],
         max_abs_reward=float(_setting(trainer, "max_abs_reward", DEFAULT_MAX_ABS_REWARD)),
+        reward_timeout_s=float(_setting(_setting(cfg, "reward", {}), "timeout_s", DEFAULT_REWARD_TIMEOUT_S)),
     )
     return RolloutStack(server=server, runtime=runtime, runner=runner)
 
@@ -238,6 +242,8 @@ class RolloutRunner:
         exclude_on: Session faults that turn an ``ok`` rollout into ``sampler_error``
             (``EXCLUDE_ON_CHOICES``; see ``classify``).
         max_abs_reward: Rewards larger in magnitude become ``invalid_reward``.
+        reward_timeout_s: How long a ``reward_pending`` rollout waits for its reward to be
+            posted (``gateway.late_rewards``) before it becomes ``reward_timeout``.
     """
 
     def __init__(
@@ -251,7 +257,11 @@ class RolloutRunner:
         timeout_s: float,
         exclude_on: Iterable[str] = DEFAULT_EXCLUDE_ON,
         max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
+        reward_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
     ) -> None:
+        if not (reward_timeout_s >= 0 and math.isfinite(reward_timeout_s)):
+            raise ConfigError(f"reward.timeout_s must be a finite number >= 0, got {reward_timeout_s!r}")
+        self.reward_timeout_s = reward_timeout_s
         self.gateway = gateway
         self.base_url = base_url
         self.runtime = runtime
@@ -290,11 +300,18 @@ class RolloutRunner:
                 timeout_s=self.timeout_s,
             )
             self._active[rollout_id] = group_id
+            late = getattr(self.gateway, "late_rewards", None)
+            if late is not None:
+                late.expect(rollout_id)
             try:
                 result = await self.runtime.run_rollout(request)
             finally:
                 self._active.pop(rollout_id, None)
                 rows, faults, conversation = self._close_session(sid)
+        if result.status is RolloutStatus.REWARD_PENDING and late is not None:
+            result = await self._await_reward(late, result)
+        elif late is not None:
+            late.forget(rollout_id)
         if faults.get("session_lost"):
             result = _lost(result)
         else:
@@ -309,6 +326,22 @@ class RolloutRunner:
         return RolloutOutcome(
             request=request, result=result, rows=rows, faults=faults, conversation=conversation
         )
+
+    async def _await_reward(self, late: Any, result: RolloutResult) -> RolloutResult:
+        """The pending ``result`` with its posted reward, or ``reward_timeout``."""
+        reward = await late.wait(result.rollout_id, self.reward_timeout_s)
+        if reward is None:
+            return RolloutResult(
+                result.rollout_id,
+                RolloutStatus.REWARD_TIMEOUT,
+                metrics=result.metrics,
+                error=(
+                    f"the agent left its reward pending and none was posted within reward.timeout_s="
+                    f"{self.reward_timeout_s:g} (POST /admin/rollouts/{result.rollout_id}/reward)"
+                ),
+                elapsed_s=result.elapsed_s,
+            )
+        return replace(result, status=RolloutStatus.OK, reward=reward, error=None)
 
     async def cancel_groups(self, group_ids: Iterable[str]) -> None:
         """Ask the runtime to stop every running rollout of ``group_ids`` (their

@@ -1,0 +1,182 @@
+"""What ``python -m core.eval`` does with a composed config: build, run, write, print."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from core.errors import ConfigError
+from core.eval.results import summarize, write_rows
+from core.eval.run import EndpointRunner, run_eval
+from core.types import SamplingParams
+
+__all__ = ["evaluate_config", "format_summary", "print_summary", "resolve_checkpoint"]
+
+
+def resolve_checkpoint(path: str) -> str:
+    """The backend state directory of a checkpoint directory, or of a run's latest one."""
+    from core.trainer.checkpoint import STATE_FILE, latest_checkpoint
+
+    where = Path(path)
+    state_file = where / STATE_FILE
+    if state_file.is_file():
+        state = json.loads(state_file.read_text())
+        ckpt = where
+    else:
+        found = latest_checkpoint(where)
+        if found is None:
+            raise ConfigError(
+                f"eval.checkpoint={path!r} is neither a checkpoint directory (with {STATE_FILE}) "
+                "nor a run directory holding one; pass <run_dir> or <run_dir>/checkpoints/step_N"
+            )
+        state, ckpt = found.state, found.path
+    # The state names the path the run saved to; beside the state file is where it is now
+    # (a run directory that was moved or given relative to another working directory).
+    local = ckpt / "backend"
+    return str(local if local.exists() else state["backend_path"])
+
+
+def _load_eval_set(cfg: Any, out: Path) -> list[dict[str, Any]]:
+    from core.trainer.data import load_payloads
+    from core.trainer.loop import prepare_data
+
+    ev = cfg.eval
+    if ev.data:
+        rows = load_payloads(str(ev.data))
+    else:
+        rows = prepare_data(cfg, out)[1]
+        if not rows:
+            raise ConfigError(
+                "the task has no eval set: set eval.data (or task.eval_path) to a JSONL or Parquet "
+                "file with a 'payload' field"
+            )
+    limit = int(ev.limit)
+    if limit < 0:
+        raise ConfigError(f"eval.limit={limit} must be >= 0 (0: every row)")
+    return rows[:limit] if limit else rows
+
+
+async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
+    """Evaluate as ``cfg`` says; writes ``results.jsonl`` and ``summary.json``, returns the summary."""
+    from core.rewards import build_reward_stage
+
+    ev = cfg.eval
+    if int(ev.concurrency) < 1:
+        raise ConfigError(f"eval.concurrency={ev.concurrency} must be >= 1")
+    if ev.endpoint and ev.checkpoint:
+        raise ConfigError("set eval.endpoint or eval.checkpoint, not both (an endpoint serves its own model)")
+    out = Path(str(ev.output_dir or cfg.run_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    payloads = _load_eval_set(cfg, out)
+    sampling = SamplingParams(
+        max_tokens=int(ev.max_tokens or cfg.algorithm.max_tokens),
+        temperature=float(ev.temperature),
+        seed=(int(cfg.seed) * 1_000_003 + 5) % (2**62),
+    )
+    closers: list[Any] = []
+    try:
+        if ev.endpoint:
+            runner, model = await _endpoint_runner(cfg, plugins, closers), str(ev.model)
+        else:
+            runner, model = await _gateway_runner(cfg, plugins, closers)
+        rewards = build_reward_stage(cfg, plugins, runner)
+        closers.append(rewards.aclose)
+        _outcomes, rows = await run_eval(
+            runner,
+            payloads,
+            samples_per_prompt=int(ev.samples_per_prompt),
+            sampling=sampling,
+            rewards=rewards,
+            progress=bool(ev.progress),
+        )
+    finally:
+        for close in reversed(closers):
+            try:
+                await close()
+            except Exception as exc:  # keep closing the rest
+                print(f"warning: shutdown step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    summary = summarize(rows, pass_threshold=float(ev.pass_threshold))
+    summary["model"] = model
+    summary["checkpoint"] = str(ev.checkpoint) or None
+    write_rows(out / "results.jsonl", rows)
+    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    summary["output_dir"] = str(out)
+    return summary
+
+
+async def _endpoint_runner(cfg: Any, plugins: Any, closers: list[Any]) -> EndpointRunner:
+    ev = cfg.eval
+    if not ev.model:
+        raise ConfigError("eval.endpoint needs eval.model, the model name the endpoint serves")
+    runtime = plugins.runtime(str(cfg.runtime.name)).factory(cfg)
+    await runtime.start()
+    closers.append(runtime.aclose)
+    return EndpointRunner(
+        runtime=runtime,
+        base_url=str(ev.endpoint),
+        model_id=str(ev.model),
+        api_key=os.environ.get(str(ev.api_key_env), "") or "EMPTY",
+        max_concurrency=int(ev.concurrency),
+        timeout_s=float(cfg.trainer.rollout_timeout_s),
+        max_abs_reward=float(cfg.trainer.max_abs_reward),
+    )
+
+
+async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[Any, str]:
+    from core.gateway import Gateway
+    from core.gateway.config import GatewayConfig
+    from core.trainer.rollouts import start_rollout_stack
+
+    ev = cfg.eval
+    spec = plugins.backend(str(cfg.backend.name))
+    if spec.kind != "driven":
+        raise ConfigError(
+            f"backend {spec.name!r} runs its own trainer and has no sampler core can drive; "
+            "evaluate its exported model through eval.endpoint (an OpenAI-compatible server) instead"
+        )
+    backend = spec.factory(cfg)
+    closers.append(backend.aclose)
+    if ev.checkpoint:
+        await backend.load_state(resolve_checkpoint(str(ev.checkpoint)))
+    gateway = Gateway(
+        tokenizer=backend.get_tokenizer(),
+        sampler=backend.sampler,
+        config=GatewayConfig(**OmegaConf.to_container(cfg.gateway, resolve=True)),  # type: ignore[arg-type]
+        model_id=backend.model_id(),
+    )
+    cfg.trainer.max_concurrent_rollouts = int(ev.concurrency)
+    stack = await start_rollout_stack(cfg, gateway, model_id=backend.model_id(), plugins=plugins)
+    closers.append(stack.aclose)
+    label = f"{backend.model_id()} @ {ev.checkpoint}" if ev.checkpoint else f"{backend.model_id()} (base)"
+    return stack.runner, label
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary as a two-column table."""
+    lines = []
+    for key, value in summary.items():
+        if key == "statuses":
+            value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+        elif isinstance(value, float):
+            value = "nan" if not math.isfinite(value) else f"{value:.4f}"
+        lines.append((str(key), str(value)))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    print(format_summary(summary), flush=True)

@@ -1,0 +1,169 @@
+"""``core.eval``: pass@k maths, compare, and evaluations against a checkpoint of a tiny
+run (fake backend, real gateway and agent processes) and against an OpenAI-compatible
+endpoint (the real ``python -m core.eval`` command; the endpoint is scripted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_openai import ScriptedOpenAI
+
+from core.errors import ConfigError
+from core.eval import EvalRow, compare_rows, k_values, pass_at_k, read_rows, summarize, write_rows
+from core.eval.cli import evaluate_config
+from core.eval.compare import compare_main
+from core.plugins import load_plugins
+from core.testing.fakes import compose, fake_backend_plugin
+from core.trainer.loop import Trainer
+from core.trainer.metrics import read_metrics
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+
+
+def _row(prompt: int, sample: int, reward: float | None, status: str = "ok", key: str = "") -> EvalRow:
+    return EvalRow(prompt=prompt, sample=sample, payload_key=key or f"p{prompt}", status=status, reward=reward)
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    assert pass_at_k(5, 0, 1) == 0.0
+    assert pass_at_k(5, 5, 3) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)  # 1 - C(2,2)/C(4,2)
+    assert pass_at_k(4, 3, 2) == 1.0  # fewer failures than draws
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(2, 1, 3)
+    assert k_values(8) == [1, 2, 4, 8] and k_values(3) == [1, 2, 3] and k_values(1) == [1]
+
+
+def test_summary_counts_pass_mean_and_failures() -> None:
+    rows = [
+        _row(0, 0, 1.0), _row(0, 1, 1.0), _row(0, 2, 0.0), _row(0, 3, 1.0),  # 3 of 4 pass
+        _row(1, 0, 0.5), _row(1, 1, None, "crashed"), _row(1, 2, 0.0), _row(1, 3, None, "judge_error"),
+    ]
+    s = summarize(rows)
+    assert s["prompts"] == 2 and s["rollouts"] == 8 and s["samples_per_prompt"] == 4
+    assert s["failed"] == 2 and s["statuses"] == {"crashed": 1, "judge_error": 1, "ok": 6}
+    assert s["reward_mean"] == pytest.approx(3.5 / 6)  # ok rollouts only
+    assert s["mean@4"] == pytest.approx((3 / 4 + 0.5 / 4) / 2)  # failures count as 0
+    assert s["pass@1"] == pytest.approx((3 / 4 + 0) / 2)
+    assert s["pass@2"] == pytest.approx((1.0 + 0) / 2)  # 1 - C(1,2)/C(4,2) = 1
+    assert s["pass@4"] == pytest.approx(0.5)
+    assert summarize(rows, pass_threshold=0.5)["pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+
+
+def test_compare_prints_per_prompt_differences(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = [_row(0, 0, 0.0), _row(0, 1, 0.0), _row(1, 0, 1.0), _row(1, 1, 1.0), _row(2, 0, 1.0), _row(2, 1, 0.0)]
+    b = [_row(0, 0, 1.0), _row(0, 1, 1.0), _row(1, 0, 1.0), _row(1, 1, None, "crashed"), _row(2, 0, 1.0), _row(2, 1, 0.0)]
+    write_rows(tmp_path / "a.jsonl", a)
+    write_rows(tmp_path / "b.jsonl", b)
+    assert read_rows(tmp_path / "a.jsonl") == a
+    assert compare_main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["0", "0.0000", "1.0000", "+1.0000", "0/2", "->", "2/2"]
+    assert out[2].split() == ["1", "1.0000", "0.5000", "-0.5000", "2/2", "->", "1/2"]
+    assert not any(line.split()[:1] == ["2"] for line in out[1:3])  # unchanged prompt 2 not listed
+    assert "3 prompts in both: 1 better, 1 worse, 1 unchanged" in "\n".join(out)
+    assert "failed: 0.0000 -> 1.0000 (+1.0000)" in out
+    with pytest.raises(ConfigError, match="prompt 1 .*different payload"):
+        compare_rows(a, [_row(1, 0, 1.0, key="other")])
+
+
+def _cfg(tmp_path: Path, *extra: str) -> tuple[Any, Any]:
+    plugins = load_plugins(extra_plugins=(fake_backend_plugin(),))
+    cfg = compose(
+        [
+            "backend=fake",
+            f"run_dir={tmp_path / 'run'}",
+            "trainer.max_steps=2",
+            "trainer.batch_size=2",
+            "trainer.group_size=4",
+            "trainer.progress=false",
+            "trainer.loggers=[jsonl]",
+            "trainer.eval_every=1",
+            "runtime.num_processes=1",
+            "task.generator_kwargs.rows=40",
+            *extra,
+        ],
+        plugins,
+    )
+    return cfg, plugins
+
+
+@pytest.mark.integration
+def test_eval_of_a_checkpoint_serves_its_weights(tmp_path: Path) -> None:
+    """Train the fake backend two steps, then evaluate its checkpoint and the base model:
+    every evaluated token comes from the checkpoint's weight version (the base: 0)."""
+    cfg, plugins = _cfg(tmp_path)
+    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
+    run = tmp_path / "run"
+    saved = json.loads((run / "checkpoints" / "step_000002" / "backend" / "fake.json").read_text())["version"]
+    assert saved >= 1
+    # The loop's periodic eval went through core.eval (same metric names as before, plus pass@1).
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if "eval/reward_mean" in r]
+    assert [r["step"] for r in evals] == [0, 1, 2] and all(r["eval/failed"] == 0 for r in evals)
+    assert all(0.0 <= r["eval/pass@1"] <= 1.0 for r in evals)
+
+    for name, checkpoint, version in (("ckpt", str(run), saved), ("base", "", 0)):
+        out = tmp_path / name
+        ecfg, _ = _cfg(
+            tmp_path,
+            f"eval.checkpoint={checkpoint}",
+            f"eval.output_dir={out}",
+            "eval.samples_per_prompt=3",
+            "eval.temperature=1.0",
+            "eval.limit=4",
+            "eval.progress=false",
+        )
+        summary = asyncio.run(evaluate_config(ecfg, plugins))
+        rows = read_rows(out / "results.jsonl")
+        assert [(r.prompt, r.sample) for r in rows] == [(p, s) for p in range(4) for s in range(3)]
+        assert {r.weight_version for r in rows} == {version}, name
+        assert all(r.ok and r.generated_tokens == 2 and r.prompt_tokens > 0 for r in rows)
+        written = json.loads((out / "summary.json").read_text())
+        assert written["rollouts"] == 12 and written["pass@3"] >= written["pass@1"]
+        assert written["generated_tokens"] == 24 == summary["generated_tokens"]
+
+
+def _digit_endpoint(body: dict[str, Any]) -> str:
+    """Right for even n, wrong for odd n (``After n?`` is the last message)."""
+    n = int(body["messages"][-1]["content"].removeprefix("After ").removesuffix("?"))
+    return str((n + 1) % 10) if n % 2 == 0 else "x"
+
+
+@pytest.mark.integration
+def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path: Path) -> None:
+    """``python -m core.eval eval.endpoint=...``: the agent calls the endpoint itself
+    (its model name, key and sampling settings), results and summary are written."""
+    with ScriptedOpenAI(_digit_endpoint) as server:
+        env = {**os.environ, "MY_KEY": "sk-test", "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "core.eval",
+                f"eval.endpoint={server.base_url}", "eval.model=hosted-1", "eval.api_key_env=MY_KEY",
+                "eval.samples_per_prompt=2", "eval.temperature=0.7", "eval.progress=false",
+                f"run_dir={tmp_path}", "runtime.num_processes=1",
+            ],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert len(server.requests) == 20
+        assert {b["model"] for b in server.requests} == {"hosted-1"}
+        assert {b["temperature"] for b in server.requests} == {0.7}
+        assert set(server.auth) == {"Bearer sk-test"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["prompts"] == 10 and summary["rollouts"] == 20 and summary["failed"] == 0
+    assert summary["reward_mean"] == 0.5 and summary["pass@1"] == 0.5 and summary["pass@2"] == 0.5
+    assert summary["generated_tokens"] == 0  # no gateway, no trace capture
+    rows = read_rows(tmp_path / "results.jsonl")
+    assert {r.prompt: r.reward for r in rows} == {p: (1.0 if p % 2 == 0 else 0.0) for p in range(10)}
+    assert "pass@2" in proc.stdout and "reward_mean" in proc.stdout
+    assert math.isclose(float(proc.stdout.split("reward_mean")[1].split()[0]), 0.5)
