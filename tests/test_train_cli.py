@@ -69,7 +69,8 @@ def test_type_errors_in_overrides_are_reported(tmp_path: Path) -> None:
 
 
 def test_requested_choices_reads_overrides_and_defaults() -> None:
-    assert requested_choices([]) == {"backend": "local", "runtime": "local"}
+    assert requested_choices([]) == {"backend": "local", "runtime": "local", "reward": "agent"}
+    assert requested_choices(["reward=judge"])["reward"] == "judge"
     assert requested_choices(["backend=verl", "seed=1"])["backend"] == "verl"
     assert requested_choices(["runtime=agentcore"])["runtime"] == "agentcore"
 

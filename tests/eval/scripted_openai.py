@@ -36,8 +36,10 @@ class ScriptedOpenAI:
             self.requests.append(body)
             self.auth.append(request.headers.get("authorization", ""))
             answer = self.reply(body)
+            # One request per connection: no keep-alive socket outlives the server's loop.
+            close = {"connection": "close"}
             if isinstance(answer, tuple):
-                return PlainTextResponse(answer[1], status_code=answer[0])
+                return PlainTextResponse(answer[1], status_code=answer[0], headers=close)
             return JSONResponse(
                 {
                     "id": f"chatcmpl-{len(self.requests)}",
@@ -48,7 +50,8 @@ class ScriptedOpenAI:
                         {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}
                     ],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                }
+                },
+                headers=close,
             )
 
         self.app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])

@@ -28,7 +28,10 @@ class PooledConfig:
     pool: LocalRuntimeConfig = field(default_factory=LocalRuntimeConfig)
 
 
-@pytest.mark.parametrize("module", ["core.plugins", "core.testing", "core.runtime", "core.interfaces", "core.types", "core.agent"])
+@pytest.mark.parametrize(
+    "module",
+    ["core.plugins", "core.testing", "core.runtime", "core.interfaces", "core.types", "core.agent", "core.rewards", "core.eval"],
+)
 def test_every_name_in_all_resolves(module: str) -> None:
     mod = importlib.import_module(module)
     names = getattr(mod, "__all__", None)
