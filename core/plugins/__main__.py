@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from core.plugins.manager import DISABLE_ENV, Plugins, debug_enabled, load_plugins
 from core.plugins.registry import PluginProblem
 
 
 def _source(plugins: Plugins, group: str, name: str) -> str:
-    registry = plugins.backends if group == "backend" else plugins.runtimes
+    registry: Any = {"backend": plugins.backends, "runtime": plugins.runtimes, "reward": plugins.rewards}[group]
     origin = registry.origin(name)
     if origin.distribution:
         return f"{origin.distribution} {origin.version}"
@@ -33,6 +33,7 @@ def _listing(plugins: Plugins) -> None:
     for title, group, registry in (
         ("backends", "backend", plugins.backends),
         ("runtimes", "runtime", plugins.runtimes),
+        ("rewards", "reward", plugins.rewards),
     ):
         print(f"{title}:")
         if not len(registry) and not registry.problems():
@@ -75,7 +76,8 @@ def _check(plugins: Plugins) -> int:
         )
         return 1
     print(
-        f"ok: {len(plugins.backends)} backend(s) and {len(plugins.runtimes)} runtime(s); "
+        f"ok: {len(plugins.backends)} backend(s), {len(plugins.runtimes)} runtime(s) and "
+        f"{len(plugins.rewards)} reward(s); "
         "every plugin imports and every registration and config node is valid"
     )
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -44,6 +45,25 @@ def test_admin_session_lifecycle_over_http(harness: Harness) -> None:
     assert again.status_code == 409
     assert httpx.delete(f"{root}/admin/sessions/{sid}", headers=_admin(h)).json() == {"dropped": True}
     assert httpx.get(f"{root}/admin/sessions/{sid}", headers=_admin(h)).status_code == 401
+
+
+def test_admin_posts_a_late_reward(harness: Harness) -> None:
+    """``POST /admin/rollouts/{id}/reward`` delivers a pending reward; an unknown id is a
+    404 and a non-number a 400, each naming what was wrong (docs/eval.md, "Late rewards")."""
+    h = harness
+    url = h.server.root_url + "/admin/rollouts/{}/reward"
+    late = h.gw.late_rewards
+    h.call(late.expect, "r1")
+    unknown = httpx.post(url.format("r2"), headers=_admin(h), json={"reward": 1.0})
+    assert unknown.status_code == 404 and "no running or pending rollout has id 'r2'" in unknown.text
+    for body in ({"reward": "high"}, {"reward": None}, {}, {"reward": 1, "extra": 2}):
+        bad = httpx.post(url.format("r1"), headers=_admin(h), json=body)
+        assert bad.status_code == 400 and "invalid reward" in bad.text, body
+    assert httpx.post(url.format("r1"), headers=_admin(h), json={"reward": 0.5}).status_code == 200
+    assert httpx.post(url.format("r1"), json={"reward": 0.5}).status_code == 401
+    assert asyncio.run_coroutine_threadsafe(late.wait("r1", 0.0), h.loop).result(10) == 0.5
+    gone = httpx.post(url.format("r1"), headers=_admin(h), json={"reward": 0.5})
+    assert gone.status_code == 404  # its wait is over
 
 
 @pytest.mark.parametrize(

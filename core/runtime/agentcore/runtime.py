@@ -243,6 +243,7 @@ class AgentCoreRuntime:
                 "model_id": request.model_id,
                 "api_key": request.session_id,
                 "sampling_params": dict(request.sampling_params),
+                "rollout_id": request.rollout_id,  # for a reward posted later
             },
         }
 
