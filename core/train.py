@@ -57,6 +57,13 @@ def check_driving_settings(cfg: Any, backend: str) -> None:
             f"own asynchronous switch instead (see docs/backends/{backend}.md; verl: "
             "backend.trainer_mode=separate_async) and keep trainer.mode=sync"
         )
+    reward = cfg.get("reward")
+    if reward is not None and str(reward.get("name", "agent")) != "agent":
+        raise ConfigError(
+            f"reward={reward.name} scores rollouts in core's loop (and python -m core.eval); backend "
+            f"{backend!r} runs its own trainer, which would train on the agent's reward instead. "
+            "Use the backend's own reward function setting, or compute the reward in the agent"
+        )
     if float(cfg.algorithm.get("tis_cap", 0.0)):
         raise ConfigError(
             f"algorithm.tis_cap is applied by core's loop; backend {backend!r} runs its own "

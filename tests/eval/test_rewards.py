@@ -253,3 +253,13 @@ def test_late_rewards_are_awaited_and_timeouts_counted(tmp_path: Path) -> None:
         late.post("nope", 1.0)
     with pytest.raises(ConfigError, match="finite number"):
         late.post("nope", float("nan"))
+
+
+def test_backends_with_their_own_trainer_refuse_a_trainer_side_reward() -> None:
+    """verl and slime train on the agent's reward: reward=<name> would be silently ignored."""
+    from core.train import check_driving_settings
+
+    plugins = load_plugins()
+    with pytest.raises(ConfigError, match="reward=match scores rollouts in core's loop.*'verl'"):
+        check_driving_settings(compose(["run_dir=unused", "reward=match"], plugins), "verl")
+    check_driving_settings(compose(["run_dir=unused"], plugins), "verl")  # reward=agent passes

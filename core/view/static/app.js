@@ -11,6 +11,7 @@
   const STATUS_COLORS = {
     timeout: '#d97706', crashed: '#dc2626', no_reward: '#7c3aed', invalid_reward: '#db2777',
     rejected: '#475569', sampler_error: '#0891b2', no_model_calls: '#65a30d',
+    judge_error: '#9333ea', reward_timeout: '#ca8a04', reward_pending: '#64748b',
   };
   let RUN = null;
   let pollTimer = null;
