@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         choices = requested_choices(argv)
         if "runtime" in choices:
             plugins.runtime(choices["runtime"])
+        if "reward" in choices:
+            plugins.reward(choices["reward"])
+        if "backend" in choices and not any(a.startswith("eval.endpoint=") for a in argv):
+            plugins.backend(choices["backend"])
     except (ConfigError, PluginError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

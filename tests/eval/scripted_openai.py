@@ -2,7 +2,7 @@
 
 A fake at the network edge: it stands in for a hosted model or an LLM judge we
 cannot reach from the test machine. ``reply(body) -> str | (status, text)`` decides
-each answer; every request body is kept in ``requests``.
+each answer (after ``delay_s``); every request body is kept in ``requests``.
 """
 
 from __future__ import annotations
@@ -26,15 +26,24 @@ Reply = Callable[[dict[str, Any]], "str | tuple[int, str]"]
 class ScriptedOpenAI:
     """``with ScriptedOpenAI(reply) as server: server.base_url`` serves ``/v1/chat/completions``."""
 
-    def __init__(self, reply: Reply) -> None:
+    def __init__(self, reply: Reply, *, delay_s: float = 0.0) -> None:
         self.reply = reply
         self.requests: list[dict[str, Any]] = []
         self.auth: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """Most requests being answered at once (each takes ``delay_s``)."""
 
         async def chat(request: Request) -> Response:
             body = await request.json()
             self.requests.append(body)
             self.auth.append(request.headers.get("authorization", ""))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(delay_s)
+            finally:
+                self.in_flight -= 1
             answer = self.reply(body)
             # One request per connection: no keep-alive socket outlives the server's loop.
             close = {"connection": "close"}

@@ -175,6 +175,13 @@ def test_judge_retries_caches_and_reports_failures(tmp_path: Path) -> None:
     assert all(o.result.reward is None for o in out)
     assert "failed 3 times" in str(out[0].result.error) and "outside [0, 1]" in str(out[0].result.error)
     assert isinstance(stage.function, JudgeReward)
+    # One by one (relative=false): one request per rollout, at most `concurrency` at once.
+    with ScriptedOpenAI(_judge_scores, delay_s=0.1) as slow:
+        stage = _direct(JudgeRewardConfig(), endpoint=slow.base_url, model="j", relative=False, concurrency=2)
+        out = asyncio.run(stage.score([*group, _outcome("6", {"q": 1})]))
+        assert len(slow.requests) == 4 and slow.max_in_flight == 2
+        assert all(b["messages"][-1]["content"].count("<trajectory") == 1 for b in slow.requests)
+    assert [o.result.reward for o in out] == pytest.approx([3 / 9, 1.0, 0.0, 6 / 9])
 
 
 def _loop_cfg(tmp_path: Path, *extra: str, agent: str = "core.tasks.succ_digit:app") -> tuple[Any, Any]:
