@@ -1,4 +1,9 @@
-"""What ``python -m core.eval`` does with a composed config: build, run, write, print."""
+"""What ``python -m core.eval`` does with a composed config: build, run, write, print.
+
+Besides ``results.jsonl`` and ``summary.json``, an evaluation through the gateway
+stores its rollouts as the training loop stores an evaluation (``traces/``), so
+``python -m core.view OUTPUT_DIR`` shows every conversation and token.
+"""
 
 from __future__ import annotations
 
@@ -80,14 +85,15 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
         seed=(int(cfg.seed) * 1_000_003 + 5) % (2**62),
     )
     closers: list[Any] = []
+    decode = None
     try:
         if ev.endpoint:
             runner, model = await _endpoint_runner(cfg, plugins, closers), str(ev.model)
         else:
-            runner, model = await _gateway_runner(cfg, plugins, closers)
+            runner, model, decode = await _gateway_runner(cfg, plugins, closers)
         rewards = build_reward_stage(cfg, plugins, runner)
         closers.append(rewards.aclose)
-        _outcomes, rows = await run_eval(
+        outcomes, rows = await run_eval(
             runner,
             payloads,
             samples_per_prompt=int(ev.samples_per_prompt),
@@ -105,6 +111,10 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
     summary["model"] = model
     summary["checkpoint"] = str(ev.checkpoint) or None
     write_rows(out / "results.jsonl", rows)
+    if decode is not None:  # the rollouts for python -m core.view OUTPUT_DIR (no trace without a gateway)
+        from core.trainer.traces import TraceWriter
+
+        TraceWriter(out, 1, decode).write_step(0, outcomes, {}, kind="eval")
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
     summary["output_dir"] = str(out)
     return summary
@@ -128,7 +138,7 @@ async def _endpoint_runner(cfg: Any, plugins: Any, closers: list[Any]) -> Endpoi
     )
 
 
-async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[Any, str]:
+async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[Any, str, Any]:
     from core.gateway import Gateway
     from core.gateway.config import GatewayConfig
     from core.trainer.rollouts import start_rollout_stack
@@ -154,7 +164,7 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[A
     stack = await start_rollout_stack(cfg, gateway, model_id=backend.model_id(), plugins=plugins)
     closers.append(stack.aclose)
     label = f"{backend.model_id()} @ {ev.checkpoint}" if ev.checkpoint else f"{backend.model_id()} (base)"
-    return stack.runner, label
+    return stack.runner, label, gateway.renderer.decode
 
 
 def _json_safe(value: Any) -> Any:

@@ -24,6 +24,7 @@ from core.plugins import load_plugins
 from core.testing.fakes import compose, fake_backend_plugin
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
+from core.view.data import RunData
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -131,6 +132,9 @@ def test_eval_of_a_checkpoint_serves_its_weights(tmp_path: Path) -> None:
         written = json.loads((out / "summary.json").read_text())
         assert written["rollouts"] == 12 and written["pass@3"] >= written["pass@1"]
         assert written["generated_tokens"] == 24 == summary["generated_tokens"]
+        # The rollouts are stored for the viewer like the loop's evaluations.
+        stored = RunData(out).step("eval", 0)
+        assert len(stored["rollouts"]) == 12, stored.keys()
 
 
 def _digit_endpoint(body: dict[str, Any]) -> str:
