@@ -87,8 +87,8 @@ def test_match_and_math_rewards_score_the_final_answer() -> None:
 
 
 def test_third_party_reward_plugin_registers_and_is_chosen_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In process (``load_plugins(extra_plugins=...)``), not a throwaway venv: the entry-point
-    path is the one backends use, covered by tests/plugins/test_third_party.py."""
+    """In process (``load_plugins(extra_plugins=...)``); a reward plugin pip-installed into a
+    throwaway venv is tests/plugins/test_third_party.py::test_third_party_reward_plugin_is_listed_and_scores."""
     from dataclasses import dataclass
 
     @dataclass

@@ -158,6 +158,41 @@ def test_train_finds_third_party_backend_and_its_config(venv_python: Path, tmp_p
     }
 
 
+_SCORE_WITH_LOUD = """
+import asyncio, json
+from core.plugins import load_plugins
+from core.rewards import build_reward_stage
+from core.testing import compose_config
+from core.trainer.rollouts import RolloutOutcome
+from core.types import RolloutRequest, RolloutResult, RolloutStatus
+
+plugins = load_plugins()
+stage = build_reward_stage(compose_config(["reward=loud", "reward.per_bang=2", "reward.mode=add"], plugins), plugins)
+said = [{"parent": -1, "turn": 0, "messages": [{"role": "assistant", "content": "yes!!!"}]}]
+outcome = RolloutOutcome(
+    request=RolloutRequest("r1", "g", {}, "http://x/v1", "s", "m"),
+    result=RolloutResult("r1", RolloutStatus.OK, reward=1.0),
+    rows=[],
+    conversation=said,
+)
+(scored,) = asyncio.run(stage.score([outcome]))
+print(json.dumps({"reward": scored.result.reward, "metrics": scored.result.metrics}))
+"""
+
+
+@pytest.mark.integration
+def test_third_party_reward_plugin_is_listed_and_scores(venv_python: Path, tmp_path: Path) -> None:
+    """``reward=loud`` from the installed tracerl-echo distribution: listed with its
+    distribution, composed from its own config node, and its factory scores a rollout."""
+    listing = _run(venv_python, "-m", "core.plugins", cwd=tmp_path)
+    loud = next(ln for ln in listing.stdout.splitlines() if ln.strip().startswith("loud"))
+    assert "tracerl-echo 0.0.7" in loud and "exclamation marks" in loud
+    proc = _run(venv_python, "-c", _SCORE_WITH_LOUD, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"reward": 7.0, "metrics": {"reward/loud": 6.0}}  # agent's 1.0 + 3 bangs * 2
+
+
 @pytest.mark.integration
 def test_third_party_config_is_type_checked(venv_python: Path, tmp_path: Path) -> None:
     proc = _run(
