@@ -82,6 +82,15 @@ def test_match_and_math_rewards_score_the_final_answer() -> None:
     assert [o.result.reward for o in out[:2]] == [1.0, 0.0]
     assert out[2].result.status is RolloutStatus.JUDGE_ERROR and "no 'answer'" in str(out[2].result.error)
     assert out[2].rows[0].status is RolloutStatus.JUDGE_ERROR and out[2].rows[0].reward is None
+    # mode=replace: an agent that returns no reward at all is scored, if its model calls were clean.
+    silent = _outcome("7", {"answer": "7"}, status=RolloutStatus.NO_REWARD)
+    broken = _outcome("7", {"answer": "7"}, group="g1", status=RolloutStatus.NO_REWARD)
+    broken.faults["sampler_errors"] = 1
+    out = asyncio.run(exact.score([silent, broken]))
+    assert out[0].result.status is RolloutStatus.OK and out[0].result.reward == 1.0
+    assert out[1].result.status is RolloutStatus.NO_REWARD  # a broken call: not scored
+    add = asyncio.run(_direct(MatchRewardConfig(), mode="add").score([silent]))
+    assert add[0].result.status is RolloutStatus.NO_REWARD  # add needs the agent's reward
     with pytest.raises(ConfigError, match="not a valid regex"):
         _direct(MatchRewardConfig(), pattern="(")
 
