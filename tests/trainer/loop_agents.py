@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
+from pathlib import Path
 from typing import Any
 
 from core.agent import AgentApp
@@ -79,11 +83,12 @@ long_tail = AgentApp()
 @long_tail.entrypoint
 async def long_tail_solve(payload: dict[str, Any]) -> dict[str, Any]:
     """Calls the model like succ_digit, then takes ``payload['delay_s']`` seconds (a slow
-    tool or environment) and returns a random reward, so every group has a signal and
-    every step moves the weight version."""
-    import asyncio
-    import random
-
+    tool or environment), or waits for the file ``payload['wait_for']``, and returns a
+    random reward, so every group has a signal and every step moves the weight version."""
     await solve(payload)
     await asyncio.sleep(float(payload.get("delay_s", 0.0)))
+    if payload.get("wait_for"):  # held until the test creates this file (at most 60 s)
+        deadline = time.monotonic() + 60
+        while not Path(payload["wait_for"]).exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
     return {"reward": random.random()}
