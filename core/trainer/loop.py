@@ -377,7 +377,11 @@ class Trainer:
                 f"{len(saved['pending'])} groups in flight; resume it with trainer.mode=async "
                 "(a sync run would skip their rows)"
             )
-        if saved is not None:
+        if saved is None:
+            # A sync checkpoint: number the groups on from its steps, so their seeds
+            # continue the synchronous sequence (see _group_sampling).
+            self._async_resume = {"next_seq": self.step * int(self.t.batch_size), "pending": []}
+        else:
             self._async_resume = {
                 "next_seq": int(saved["next_seq"]),
                 "pending": [(int(a), int(b)) for a, b in saved["pending"]],

@@ -280,3 +280,29 @@ def test_local_backend_async_at_staleness_zero_reproduces_sync_exactly(tmp_path:
     for r in sync:
         assert r["async/staleness_max"] == 0 and r["time/trainer_idle"] == r["time/rollout"]
         assert r["rollouts/finished"] == 8 and r["rollouts/s"] > 0 and "stale" not in console_line(r)
+
+
+def test_async_groups_get_the_seeds_sync_gives_their_step(tmp_path: Path) -> None:
+    """Group g samples with the seeds mode=sync gives group g % B of step g // B."""
+    cfg, plugins = _cfg(tmp_path, "trainer.batch_size=2", "trainer.group_size=4")
+    trainer = Trainer(cfg, plugins)
+    for step in (0, 1, 7):
+        trainer.step = step
+        sync_seed = trainer._sampling(1.0).seed
+        assert sync_seed is not None
+        for index in (0, 1):
+            # run_groups gives rollout k of group i the seed + 7919 * (i * group_size + k)
+            expected = (sync_seed + 7_919 * index * 4) % (2**63)
+            assert trainer._group_sampling(step * 2 + index).seed == expected
+
+
+@pytest.mark.integration
+def test_a_sync_checkpoint_resumes_in_async_mode_where_it_left_off(tmp_path: Path) -> None:
+    _train(*_cfg(tmp_path, "trainer.max_steps=2"))
+    resumed = _train(
+        *_cfg(tmp_path, "trainer.max_steps=4", "trainer.resume=true", "trainer.mode=async", "trainer.max_staleness=0")
+    )
+    records = _steps(resumed)
+    order = DataOrder(size=ROWS, seed=0).next_batch(8)
+    assert [r["data/batch"] for r in records] == [order[i : i + 2] for i in range(0, 8, 2)]
+    assert [r["async/groups"] for r in records[2:]] == [[4, 5], [6, 7]]  # numbered on from step 2
