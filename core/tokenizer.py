@@ -20,6 +20,8 @@ transformers and tokenizers are imported inside the functions so that
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +111,7 @@ def build_tiny_tokenizer(
     vocab_size: int = 160,
     full_byte_alphabet: bool = False,
     chat_template: str = CHATML_TOOLS_TEMPLATE,
+    whole_tokens: Sequence[str] = (),
 ) -> PreTrainedTokenizerFast:
     """Train a small byte-level BPE offline; same corpus, same tokenizer.
 
@@ -119,15 +122,24 @@ def build_tiny_tokenizer(
             (the vocabulary then holds at least 259 entries). Off by default:
             a small vocabulary is what lets a tiny model learn in seconds.
         chat_template: Jinja chat template; Qwen3-style ChatML with tools by default.
+        whole_tokens: Strings each kept as one token (added tokens, never split,
+            left out of the BPE training): a task's fixed texts, such as the
+            tools block its chats always carry or a whole tool call, so a
+            random-init policy sees short prompts and can emit a call by chance.
+            Real tokenizers do the same for ``<tool_call>`` (Qwen's added tokens).
 
     Returns:
         A ``PreTrainedTokenizerFast`` with ``<|im_end|>`` as EOS and
         ``<|endoftext|>`` as padding.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     texts = default_corpus() if corpus is None else list(corpus)
+    whole = list(dict.fromkeys(t for t in whole_tokens if t))
+    if whole:  # the BPE learns only the text around them
+        cut = re.compile("|".join(re.escape(t) for t in sorted(whole, key=len, reverse=True)))
+        texts = [piece for text in texts for piece in cut.split(text) if piece]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -145,6 +157,8 @@ def build_tiny_tokenizer(
         pad_token=PAD_TOKEN,
         additional_special_tokens=[IM_START],
     )
+    if whole:
+        wrapped.add_tokens([AddedToken(t, normalized=False, special=False) for t in whole])
     wrapped.chat_template = chat_template
     return wrapped
 

@@ -143,3 +143,6 @@ class TaskConfig:
     backend's ``tiny`` model) is trained on; empty uses core.tokenizer's default corpus."""
     tokenizer_vocab_size: int = 0
     """Vocabulary size of that tokenizer; 0 uses core.tokenizer's default."""
+    tokenizer_tokens: str = ""
+    """``module:function`` returning texts that tokenizer keeps whole, one token each
+    (a task's fixed tools block and tool calls); empty: none."""

@@ -7,7 +7,8 @@ a silent bug could break, by patching the real code path (the loop turns
 rollouts into datums with ``core.trainer.signal.build_signal``) in this process
 only (so test_learning.py can run several variants at once, each in its own
 process): the advantage sign, the loss mask, the logprobs the ratio is
-computed against, or the weight sync. Metrics go to ``RUN_DIR/metrics.jsonl``.
+computed against, the weight sync, or (multi-turn tasks) which turns train.
+Metrics go to ``RUN_DIR/metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,41 @@ def _shift_mask() -> list[str]:
     return []
 
 
+def _second_turn_untrained() -> list[str]:
+    """Every turn after a row's first gets no weight and no advantage (multi-turn tasks:
+    the answer after a tool result is never trained)."""
+    real = _original(signal, "trace_to_datum")
+
+    def first_turn_only(record: Any, advantage: float) -> Any:
+        datum = real(record, advantage)
+        if datum is None or len(record.turns) < 2:
+            return datum
+        cut = record.turns[1].start - 1  # datum position i scores token i + 1
+        weights = [w if i < cut else 0.0 for i, w in enumerate(datum.weights)]
+        return replace(datum, weights=weights, advantages=[advantage * w for w in weights])
+
+    _patch(signal, "trace_to_datum", first_turn_only)
+    return []
+
+
+def _tool_result_trained() -> list[str]:
+    """The tokens between turns (the tool result the agent sent) are trained as if the
+    model had generated them, with the 0.0 logprob a context token carries."""
+    real = _original(signal, "trace_to_datum")
+
+    def leaky(record: Any, advantage: float) -> Any:
+        if len(record.turns) >= 2:
+            mask = list(record.loss_mask)
+            for before, after in zip(record.turns, record.turns[1:], strict=False):
+                for i in range(before.end, after.start):
+                    mask[i] = 1
+            record = replace(record, loss_mask=mask)
+        return real(record, advantage)
+
+    _patch(signal, "trace_to_datum", leaky)
+    return []
+
+
 def _mismatched_logprobs() -> list[str]:
     """Sampler logprobs at T=1, trainer logprobs at T=0.7: ratios far from 1, clipped away."""
     return ["+algorithm.loss_config.temperature=0.7"]
@@ -88,6 +124,8 @@ SABOTAGES: dict[str, Callable[[], list[str]]] = {
     "shifted-mask": _shift_mask,
     "mismatched-logprobs": _mismatched_logprobs,
     "no-weight-sync": _no_weight_sync,
+    "second-turn-untrained": _second_turn_untrained,
+    "tool-result-trained": _tool_result_trained,
 }
 
 

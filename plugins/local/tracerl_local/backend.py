@@ -54,6 +54,21 @@ def _to_backend_config(node: Any) -> LocalBackendConfig:
     return obj
 
 
+def _task_texts(task: Any, key: str) -> list[str] | None:
+    """The texts ``task.<key>`` (``module:function``) returns; None when the key is empty."""
+    spec = str(task.get(key, "") or "")
+    if not spec:
+        return None
+    module_name, _, attr = spec.partition(":")
+    try:
+        return [str(t) for t in getattr(importlib.import_module(module_name), attr)()]
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"task.{key}={spec!r} cannot be loaded ({exc}); give "
+            "'package.module:function' returning a list of texts"
+        ) from exc
+
+
 class LocalBackend:
     """Torch on this machine: a tiny offline model by default, or a Hugging Face model."""
 
@@ -66,11 +81,12 @@ class LocalBackend:
         *,
         tokenizer_corpus: list[str] | None = None,
         tokenizer_vocab_size: int = 0,
+        tokenizer_tokens: list[str] | None = None,
     ) -> None:
         """Build or load the model and start serving it at weight version 0.
 
-        ``tokenizer_corpus`` / ``tokenizer_vocab_size`` shape the ``tiny`` preset's
-        tokenizer (the run's task provides them; see ``TaskConfig``).
+        ``tokenizer_corpus`` / ``tokenizer_vocab_size`` / ``tokenizer_tokens`` shape the
+        ``tiny`` preset's tokenizer (the run's task provides them; see ``TaskConfig``).
 
         Raises:
             ConfigError: bad device/dtype/model, or LoRA without peft.
@@ -84,7 +100,11 @@ class LocalBackend:
         self.config = config
         self.seed = seed
         self._model, self._tokenizer = load_model(
-            config, seed, corpus=tokenizer_corpus, vocab_size=tokenizer_vocab_size
+            config,
+            seed,
+            corpus=tokenizer_corpus,
+            vocab_size=tokenizer_vocab_size,
+            whole_tokens=tokenizer_tokens,
         )
         self._model.eval()  # no dropout: trainer and sampler see the same function
         self._cache_arg = cache_argument(self._model)
@@ -105,28 +125,18 @@ class LocalBackend:
     @classmethod
     def from_config(cls, cfg: Any, *, node: Any = None) -> LocalBackend:
         """Build from the composed run config (``cfg.backend``, ``cfg.seed`` and the task's
-        tokenizer corpus, used by the ``tiny`` preset).
+        tokenizer corpus and whole tokens, used by the ``tiny`` preset).
 
         ``node`` replaces ``cfg.backend`` (a wrapping plugin passes its own node);
         only ``LocalBackendConfig`` fields are read from it, extra fields are ignored.
         """
         task = cfg.get("task") or {}
-        corpus = None
-        spec = str(task.get("tokenizer_corpus", "") or "")
-        if spec:
-            module_name, _, attr = spec.partition(":")
-            try:
-                corpus = list(getattr(importlib.import_module(module_name), attr)())
-            except (ImportError, AttributeError, ValueError) as exc:
-                raise ConfigError(
-                    f"task.tokenizer_corpus={spec!r} cannot be loaded ({exc}); give "
-                    "'package.module:function' returning a list of texts"
-                ) from exc
         return cls(
             _to_backend_config(cfg.backend if node is None else node),
             seed=int(cfg.get("seed", 0) or 0),
-            tokenizer_corpus=corpus,
+            tokenizer_corpus=_task_texts(task, "tokenizer_corpus"),
             tokenizer_vocab_size=int(task.get("tokenizer_vocab_size", 0) or 0),
+            tokenizer_tokens=_task_texts(task, "tokenizer_tokens"),
         )
 
     # -- what the gateway and the loop read -------------------------------------------

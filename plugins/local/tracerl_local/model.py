@@ -106,12 +106,18 @@ def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
 
 
 def load_model(
-    cfg: LocalBackendConfig, seed: int, *, corpus: list[str] | None = None, vocab_size: int = 0
+    cfg: LocalBackendConfig,
+    seed: int,
+    *,
+    corpus: list[str] | None = None,
+    vocab_size: int = 0,
+    whole_tokens: list[str] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     """The model (on its device, in its dtype, LoRA applied) and its tokenizer.
 
-    ``corpus`` and ``vocab_size`` shape the tokenizer of the ``tiny`` preset
-    (a task's own texts: a small vocabulary is what lets a tiny model learn fast).
+    ``corpus``, ``vocab_size`` and ``whole_tokens`` shape the tokenizer of the
+    ``tiny`` preset (a task's own texts: a small vocabulary and short sequences
+    are what let a tiny model learn fast).
 
     Raises:
         ConfigError: unknown device/dtype, a model or tokenizer that cannot be
@@ -126,7 +132,7 @@ def load_model(
             tokenizer = load_tokenizer(cfg.tokenizer)
         else:
             sizing = {"vocab_size": vocab_size} if vocab_size > 0 else {}
-            tokenizer = build_tiny_tokenizer(corpus, **sizing)
+            tokenizer = build_tiny_tokenizer(corpus, whole_tokens=whole_tokens or (), **sizing)
         model = build_tiny_model(tokenizer, cfg.tiny, seed).to(dtype=dtype)
     else:
         from transformers import AutoModelForCausalLM

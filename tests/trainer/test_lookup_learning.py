@@ -1,0 +1,117 @@
+"""The multi-turn lookup task learns through the real gateway and tool parser, and would
+not if the second turn went untrained.
+
+A shortened ``python -m core.train task=lookup`` (local backend, tiny model from the
+seed, the task's agent on the official openai SDK in local-runtime processes, real
+gateway and Hermes tool parser) must lift the mean reward far above the no-tool
+baseline: a rollout without a well-formed ``lookup`` call scores 0.0, so 0.0 is the
+best a policy that never calls the tool can reach (core/tasks/lookup.py states the
+shaped reward in full). The healthy run starts from random weights.
+
+Sabotage, as in test_learning.py (cheap: it resumes from the healthy run's checkpoint
+at ``RESUME_AT``, still near the baseline, and runs to ``STEPS``, where the healthy
+run from the same state has learned): ``second-turn-untrained`` gives every turn after
+a row's first no weight, so the answer after the tool result is never trained. It can
+still learn the call (``CALL_CREDIT``) and answer right by chance, which stays far
+below the healthy run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.tasks.lookup import CALL_CREDIT
+from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
+from core.trainer.metrics import read_metrics
+
+RUNNER = Path(__file__).with_name("learning_run.py")
+SEED = 0
+STEPS = 150
+"""Where seed 0's healthy run has learned (figures in docs/quickstart.md)."""
+RESUME_AT = 60
+"""Where the sabotaged run starts: the healthy run is still near the baseline here."""
+WINDOW = 10
+SABOTAGES = ["second-turn-untrained"]
+TASK = ["task=lookup", "trainer.eval_every=0"]
+Records = list[dict[str, Any]]
+
+
+def window_mean(records: Records, end: int) -> float:
+    """Mean reward of the ``WINDOW`` steps ending at step ``end``."""
+    by_step = {int(r["step"]): r["reward/mean"] for r in records}
+    values = [by_step[s] for s in range(end - WINDOW + 1, end + 1)]
+    return sum(values) / len(values)
+
+
+def _run(variant: str, run_dir: Path, log: Path, *overrides: str) -> tuple[Records, float]:
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *TASK, *overrides],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+        )
+    assert proc.returncode == 0, f"{variant} run failed (exit {proc.returncode}):\n{log.read_text()[-3000:]}"
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    return records, time.perf_counter() - start
+
+
+def _sabotaged(variant: str, root: Path, healthy: Future[tuple[Records, float]]) -> tuple[Records, float]:
+    ckpt = checkpoint_dir(root / "none", RESUME_AT)
+    while not (ckpt / STATE_FILE).is_file():
+        if healthy.done():
+            healthy.result()  # raises if the healthy run failed
+            raise AssertionError(f"the healthy run finished without writing {ckpt}")
+        time.sleep(1.0)
+    run_dir = root / variant
+    shutil.copytree(ckpt, checkpoint_dir(run_dir, RESUME_AT))
+    return _run(variant, run_dir, root / f"{variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
+    root = tmp_path_factory.mktemp("lookup_learning")
+    with ThreadPoolExecutor(max_workers=1 + len(SABOTAGES)) as pool:
+        healthy = pool.submit(
+            _run, "none", root / "none", root / "none.log",
+            f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
+        )
+        futures = {"none": healthy, **{s: pool.submit(_sabotaged, s, root, healthy) for s in SABOTAGES}}
+        results = {variant: f.result() for variant, f in futures.items()}
+    for variant, (records, wall) in results.items():
+        print(f"{variant}: {len(records)} steps in {wall:.0f} s, final {window_mean(records, STEPS):.3f}")
+    return {variant: records for variant, (records, _) in results.items()}
+
+
+@pytest.mark.slow
+def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records]) -> None:
+    records = runs["none"]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    start, final = window_mean(records, WINDOW), window_mean(records, STEPS)
+    print(f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}")
+    assert start < 0.1
+    assert final >= 0.6  # well above 0.0, and above CALL_CREDIT: the answers are right
+    last = {int(r["step"]): r for r in records}[STEPS]
+    assert last["turns/total"] >= 1.5 * last["rollouts/total"]  # most rollouts call, then answer
+    assert last["train/logprob_diff_max"] < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sabotage", SABOTAGES)
+def test_untrained_second_turn_does_not_learn_the_answer(sabotage: str, runs: dict[str, Records]) -> None:
+    records = runs[sabotage]
+    assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
+    start, healthy = window_mean(runs["none"], RESUME_AT), window_mean(runs["none"], STEPS)
+    final = window_mean(records, STEPS)
+    print(f"{sabotage}: {final:.3f} at step {STEPS}; healthy {start:.3f} at {RESUME_AT} -> {healthy:.3f}")
+    assert start < 0.15 and healthy >= 0.6
+    assert final < CALL_CREDIT + 0.15
