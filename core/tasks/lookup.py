@@ -8,24 +8,34 @@ assignment on the real stack: the model writes the chat template's
 ``<tool_call>`` text, the gateway's Hermes parser turns it into ``tool_calls``,
 and the trace's second turn is trained with the tool result masked out.
 
-Reward (shaped, stated in full):
+Reward (shaped, stated in full; at most 1.0):
 
 - no well-formed ``lookup`` call in the rollout: 0.0, whatever the answer
-  (nothing for guessing; this is also the best a policy that never calls the
-  tool can score);
-- a well-formed call (any key): ``CALL_CREDIT`` (0.2), the shaped part: it
-  gives a random policy a signal for the call alone;
-- the asked key looked up: plus ``1 - CALL_CREDIT`` times the answer's
-  character-wise credit against the value (``succ_digit.charwise_reward``:
+  (nothing for guessing). This is the no-tool baseline: the best a policy
+  that never calls the tool can score.
+- no answer (the second turn called the tool again): 0.0.
+- a well-formed call (any key): ``CALL_CREDIT`` (0.2), shaped: it gives a
+  random policy a signal for the call alone;
+- after a call, an answer that starts with a digit: plus ``DIGIT_CREDIT``
+  (0.1) over the answer's length (shaped: the answer's form, so the digit
+  to copy is one of ten, not one of the whole vocabulary);
+- the asked key looked up: plus the remaining 0.7 times the answer's
+  character-wise credit against its value (``succ_digit.charwise_reward``:
   right digit and stop = 1, right digit then k junk characters = 1/(k+1)).
+
+A policy that calls the tool and answers a wrong digit scores 0.3; one that
+calls and never uses the result is capped there (plus a right answer by
+chance, 0.07 on average for a random digit).
 
 Learnable from random initialisation because the task's tokenizer keeps its
 fixed texts whole (``tokenizer_tokens``): the tools block the template writes
 into every system prompt and each of the ``len(KEYS)`` possible calls are one
-token each, so a prompt is about 20 tokens and a random policy emits a call by
-chance (a call is one of about 40 tokens). Real tokenizers do the same for
-``<tool_call>`` (Qwen's added tokens); a call written as several tokens would
-not be found by a random policy in minutes.
+token each, so a prompt is 23 tokens and a random policy emits a call by
+chance (3 of the vocabulary's 85 tokens are calls; recipe/lookup-local.yaml
+caps a turn at 3 tokens, so a call is often the turn's last token, which the
+parser needs). Real tokenizers do the same for ``<tool_call>`` (Qwen's added
+tokens); a call spelled out in some 25 tokens would not be found by a random
+policy in minutes.
 
 The agent is ordinary production-style code on the official ``openai`` SDK,
 one ``AsyncOpenAI`` per process (an SDK client per call costs about 32 ms).
@@ -46,13 +56,13 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 SYSTEM = "Look up the key."
-import os as _os
-KEYS = tuple(_os.environ.get("LOOKUP_KEYS", "abc"))
+KEYS = ("a", "b", "c")
 """Keys of every row's table (the model must look up the one asked for)."""
 CALL_CREDIT = 0.2
+DIGIT_CREDIT = 0.1
 """Reward for a well-formed ``lookup`` call, the shaped part of the reward."""
-MAX_TURNS = 3
-"""Model turns per rollout: a call, the answer, one spare (a second call)."""
+MAX_TURNS = 2
+"""Model turns per rollout: the call, then the answer (a second call leaves no answer)."""
 FORWARDED = ("temperature", "top_p", "max_tokens")
 """Sampling settings the agent forwards from its payload's config."""
 
@@ -79,17 +89,23 @@ def call_text(key: str) -> str:
     return "<tool_call>\n" + json.dumps({"name": "lookup", "arguments": {"key": key}}) + "\n</tool_call>"
 
 
-import os
-ATTEMPT_CREDIT = float(os.environ.get("LOOKUP_ATTEMPT", "0"))
+def digit_credit(answer: str) -> float:
+    """1/len of the stripped answer when it starts with a digit, else 0 (the answer's form)."""
+    answer = answer.strip()
+    return 1.0 / len(answer) if answer[:1].isdigit() else 0.0
 
 
-def lookup_reward(called: list[str], asked: str, table: dict[str, str], answer: str) -> float:
-    """The reward of the module docstring: ``called`` lists the keys looked up, in order."""
-    if not called:
-        return ATTEMPT_CREDIT if "<tool_call>" in answer else 0.0
-    if asked not in called:
-        return CALL_CREDIT
-    return CALL_CREDIT + (1.0 - CALL_CREDIT) * charwise_reward(answer, table[asked])
+def lookup_reward(
+    called: list[str], asked: str, table: dict[str, str], answer: str | None
+) -> float:
+    """The reward of the module docstring: ``called`` lists the keys looked up, in order;
+    ``answer`` is None when every turn called the tool (the agent never answered)."""
+    if not called or answer is None:
+        return 0.0
+    reward = CALL_CREDIT + DIGIT_CREDIT * digit_credit(answer)
+    if asked in called:
+        reward += (1.0 - CALL_CREDIT - DIGIT_CREDIT) * charwise_reward(answer, table[asked])
+    return reward
 
 
 def _chat(key: str, value: str) -> list[dict[str, Any]]:
@@ -169,9 +185,15 @@ def _client(base_url: str) -> AsyncOpenAI:
     """One SDK client (one connection pool) per gateway URL for the whole process."""
     client = _clients.get(base_url)
     if client is None:
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, DefaultAioHttpClient
 
-        client = AsyncOpenAI(base_url=base_url, api_key="per-request", max_retries=0, timeout=60.0)
+        try:  # the SDK's aiohttp transport: 1.4 ms of CPU per call here against 3.4 ms for httpx
+            http_client: Any = DefaultAioHttpClient(timeout=60.0)
+        except RuntimeError:  # an openai without its aiohttp extra: the default transport
+            http_client = None
+        client = AsyncOpenAI(
+            base_url=base_url, api_key="per-request", max_retries=0, timeout=60.0, http_client=http_client
+        )
         _clients[base_url] = client
     return client
 
@@ -191,9 +213,6 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     asked, table = _parse_payload(payload)
     cfg = ModelConfig.from_payload(payload)
     sampling = {k: v for k, v in cfg.sampling_params.items() if k in FORWARDED}
-    cap = int(_os.environ.get("LOOKUP_MAXTOK", "0"))
-    if cap:
-        sampling["max_tokens"] = min(int(sampling.get("max_tokens", cap)), cap)
     # The api key names the gateway session, so it changes per rollout; the pool does not.
     client = _client(cfg.base_url).with_options(api_key=cfg.api_key)
     messages: list[dict[str, Any]] = [
@@ -201,12 +220,16 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         {"role": "user", "content": question(asked)},
     ]
     called: list[str] = []
-    answer = ""
+    answer: str | None = None
     turns = 0
     for _ in range(MAX_TURNS):
         turns += 1
         completion = await client.chat.completions.create(
-            model=cfg.model_id, messages=messages, tools=[LOOKUP_TOOL], **sampling  # type: ignore[arg-type]
+            model=cfg.model_id,
+            messages=messages,  # type: ignore[arg-type]
+            tools=[LOOKUP_TOOL],  # type: ignore[list-item]
+            parallel_tool_calls=False,  # one lookup per turn: the gateway returns the first call
+            **sampling,
         )
         message = completion.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
@@ -222,7 +245,7 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
                     key = ""
             if key:
                 called.append(key)
-            output = table.get(key, f"error: no key {key!r}")
+            output = table.get(key, "?")  # an unknown key (only characters the task's tokenizer has)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     return {
         "reward": lookup_reward(called, asked, table, answer),
@@ -230,6 +253,8 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
             "turns": float(turns),
             "tool_calls": float(len(called)),
             "looked_up_asked": float(asked in called),
-            "answered_right": float(asked in called and answer.strip() == table[asked]),
+            "answered_right": float(
+                asked in called and answer is not None and answer.strip() == table[asked]
+            ),
         },
     }

@@ -28,14 +28,15 @@ def test_reward_pays_nothing_without_a_call_and_the_answer_only_after_the_asked_
     table = {k: str(i) for i, k in enumerate(task.KEYS)}
     asked = task.KEYS[-1]
     right = table[asked]
+    wrong = str((int(right) + 1) % 10)
     assert task.lookup_reward([], asked, table, right) == 0.0  # a guess, even a right one
+    assert task.lookup_reward([asked], asked, table, None) == 0.0  # called, never answered
     assert task.lookup_reward([asked], asked, table, right) == 1.0
     assert task.lookup_reward([asked], asked, table, "") == task.CALL_CREDIT
-    assert task.lookup_reward([asked], asked, table, right + "xx") == pytest.approx(
-        task.CALL_CREDIT + (1 - task.CALL_CREDIT) / 3
-    )
-    other = "zz"
-    assert task.lookup_reward([other], asked, table, right) == task.CALL_CREDIT
+    assert task.lookup_reward([asked], asked, table, wrong) == task.CALL_CREDIT + task.DIGIT_CREDIT
+    assert task.lookup_reward([asked], asked, table, right + "xx") == pytest.approx(0.2 + 0.8 / 3)
+    other = task.KEYS[0]
+    assert task.lookup_reward([other], asked, table, right) == task.CALL_CREDIT + task.DIGIT_CREDIT
 
 
 def test_dataset_draws_values_per_row_and_covers_every_key_in_eval(tmp_path: Path) -> None:
@@ -89,8 +90,10 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
     tok: Any, tmp_path: Path
 ) -> None:
     """Scripted replies per rollout: the asked call then the right answer (1.0), the asked
-    call then a wrong answer (CALL_CREDIT), a right guess without a call (0.0), and a call
-    followed by more text (ill-formed: the parser refuses it, no tool runs, 0.0). The
+    call then a wrong digit (CALL_CREDIT + DIGIT_CREDIT), a right guess without a call
+    (0.0), a call followed by more text (ill-formed: the parser refuses it, no tool runs,
+    0.0), two calls in one turn then the answer (parallel_tool_calls=False: the gateway
+    returns the first, the agent runs one), and calls in both turns (no answer, 0.0). The
     row of a two-turn rollout is the conversation token for token, trains both turns and
     nothing between them (the tool result)."""
     from core.gateway import Gateway, GatewayConfig, GatewayServer
@@ -103,10 +106,12 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
     wrong = str((int(value) + 1) % 10)
     call = task.call_text(asked)
     cases = [
-        ([call, value], 1.0, 2),
-        ([call, wrong], task.CALL_CREDIT, 2),
-        ([value], 0.0, 1),
-        ([call + " " + value], 0.0, 1),
+        ([call, value], 1.0, 2, 1),
+        ([call, wrong], task.CALL_CREDIT + task.DIGIT_CREDIT, 2, 1),
+        ([value], 0.0, 1, 0),
+        ([call + " " + value], 0.0, 1, 0),
+        ([call + call, value], 1.0, 2, 1),
+        ([call, call], 0.0, 2, 2),
     ]
 
     async def main() -> None:
@@ -118,7 +123,7 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
         try:
             await rt.start()
             requests = []
-            for i, (texts, _, _) in enumerate(cases):
+            for i, (texts, *_) in enumerate(cases):
                 sid = gw.create_session(
                     sampling=SamplingParams(max_tokens=8),
                     metadata={"rollout_id": f"r{i}", "group_id": "g0"},
@@ -137,14 +142,15 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
                     )
                 )
             results = await asyncio.gather(*(rt.run_rollout(r) for r in requests))
-            for (texts, reward, turns), req, res in zip(cases, requests, results, strict=True):
+            for (texts, reward, turns, calls), req, res in zip(cases, requests, results, strict=True):
                 assert res.status is RolloutStatus.OK, res.error
                 assert res.reward == pytest.approx(reward), texts
                 assert res.metrics["turns"] == turns
                 (row,) = gw.finish_session(req.session_id)
                 row.validate()
                 assert len(row.turns) == turns
-                if turns == 2:
+                assert res.metrics["tool_calls"] == calls
+                if turns == 2 and texts[0] == call:
                     first, second = row.turns
                     assert row.token_ids[first.start : first.end] == encode_reply(tok, call)
                     between = row.token_ids[first.end : second.start]

@@ -33,3 +33,23 @@ def test_default_corpus_without_task_settings() -> None:
 def test_bad_corpus_spec_names_the_key() -> None:
     with pytest.raises(ConfigError, match="task.tokenizer_corpus"):
         LocalBackend.from_config(_cfg(tokenizer_corpus="core.tasks.succ_digit:nope"))
+
+
+def test_task_whole_tokens_are_single_tokens_of_the_tiny_tokenizer() -> None:
+    from core.tasks.lookup import call_text
+
+    backend = LocalBackend.from_config(
+        _cfg(
+            tokenizer_corpus="core.tasks.lookup:tokenizer_corpus",
+            tokenizer_vocab_size=100,
+            tokenizer_tokens="core.tasks.lookup:tokenizer_tokens",
+        )
+    )
+    tok = backend.get_tokenizer()
+    assert tok.encode(call_text("b"), add_special_tokens=False) == [tok.convert_tokens_to_ids(call_text("b"))]
+    assert backend._model.config.vocab_size == len(tok)  # noqa: SLF001 - the model can emit them
+
+
+def test_bad_whole_tokens_spec_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="task.tokenizer_tokens"):
+        LocalBackend.from_config(_cfg(tokenizer_tokens="core.tasks.nowhere:tokens"))
