@@ -56,11 +56,13 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 SYSTEM = "Look up the key."
-KEYS = ("a", "b", "c")
+KEYS = ("a",)
 """Keys of every row's table (the model must look up the one asked for)."""
 CALL_CREDIT = 0.2
 DIGIT_CREDIT = 0.1
 """Reward for a well-formed ``lookup`` call, the shaped part of the reward."""
+import os as _os
+REPEAT = int(_os.environ.get("LOOKUP_REPEAT", "1"))
 MAX_TURNS = 2
 """Model turns per rollout: the call, then the answer (a second call leaves no answer)."""
 FORWARDED = ("temperature", "top_p", "max_tokens")
@@ -155,15 +157,20 @@ def tokenizer_corpus() -> list[str]:
     return [_render(_chat(k, str(v))) for k in KEYS for v in range(10)] * 10
 
 
-def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: int = 0) -> None:
-    """Write ``rows`` random training payloads and ``2 * len(KEYS)`` eval payloads.
+def write_dataset(
+    train_path: str, eval_path: str, *, rows: int = 1000, digits: int = 10, seed: int = 0
+) -> None:
+    """Write ``rows`` random training payloads and 8 eval payloads.
 
-    Payload: ``{"key": asked key, "table": {key: digit string}}``, digits drawn per row.
+    Payload: ``{"key": asked key, "table": {key: digit string}}``, each value drawn
+    per row from the first ``digits`` digits (fewer: an easier copy).
     """
+    if not 1 <= digits <= 10:
+        raise ValueError(f"task.generator_kwargs.digits must be 1..10, got {digits}")
     rng = random.Random(seed)
 
     def row() -> dict[str, Any]:
-        table = {k: str(rng.randrange(10)) for k in KEYS}
+        table = {k: str(rng.randrange(digits)) for k in KEYS}
         return {"payload": {"key": rng.choice(KEYS), "table": table}}
 
     Path(train_path).parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +178,7 @@ def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, seed: in
         for _ in range(rows):
             f.write(json.dumps(row()) + "\n")
     with open(eval_path, "w") as f:
-        for i in range(2 * len(KEYS)):
+        for i in range(8):
             r = row()
             r["payload"]["key"] = KEYS[i % len(KEYS)]
             f.write(json.dumps(r) + "\n")
@@ -245,7 +252,7 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
                     key = ""
             if key:
                 called.append(key)
-            output = table.get(key, "?")  # an unknown key (only characters the task's tokenizer has)
+            output = table[key] * REPEAT if key in table else "?"  # "?": characters the tokenizer has
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     return {
         "reward": lookup_reward(called, asked, table, answer),
