@@ -1,12 +1,17 @@
-"""A multi-turn, tool-using toy task: "Key b?" -> call ``lookup(key)`` -> answer its value.
+"""A multi-turn, tool-using toy task: "Key a?" -> call ``lookup(key)`` -> answer its value.
 
-Each row holds a table of random digits, one per key (``KEYS``), and asks for
-one key. The value is drawn per row, so nothing in the prompt predicts it: the
+Each row holds a table of random digits (one per key of ``KEYS``) and asks for
+a key. The value is drawn per row, so nothing in the prompt predicts it: the
 only way to the answer is a ``lookup`` call, whose result the agent sends back
 as a tool message before the model answers. It proves multi-turn credit
 assignment on the real stack: the model writes the chat template's
 ``<tool_call>`` text, the gateway's Hermes parser turns it into ``tool_calls``,
 and the trace's second turn is trained with the tool result masked out.
+
+Shrunk to what a random-init 137k-parameter model learns in a few minutes on
+CPU (docs/quickstart.md has the figures): one key (so the call takes no
+choice), values from the first ``digits`` digits (4 in the task config), the
+value repeated ``REPEAT`` times in the tool result.
 
 Reward (shaped, stated in full; at most 1.0):
 
@@ -18,20 +23,20 @@ Reward (shaped, stated in full; at most 1.0):
   random policy a signal for the call alone;
 - after a call, an answer that starts with a digit: plus ``DIGIT_CREDIT``
   (0.1) over the answer's length (shaped: the answer's form, so the digit
-  to copy is one of ten, not one of the whole vocabulary);
+  to copy is one of a few, not one of the whole vocabulary);
 - the asked key looked up: plus the remaining 0.7 times the answer's
   character-wise credit against its value (``succ_digit.charwise_reward``:
   right digit and stop = 1, right digit then k junk characters = 1/(k+1)).
 
-A policy that calls the tool and answers a wrong digit scores 0.3; one that
-calls and never uses the result is capped there (plus a right answer by
-chance, 0.07 on average for a random digit).
+A policy that calls the tool and answers a digit without reading the result
+scores 0.3 plus a right answer by chance (1 in 4 with 4 digits: 0.475 on
+average for a constant digit); only reading the result reaches 1.0.
 
 Learnable from random initialisation because the task's tokenizer keeps its
 fixed texts whole (``tokenizer_tokens``): the tools block the template writes
 into every system prompt and each of the ``len(KEYS)`` possible calls are one
 token each, so a prompt is 23 tokens and a random policy emits a call by
-chance (3 of the vocabulary's 85 tokens are calls; recipe/lookup-local.yaml
+chance (one of the vocabulary's 79 tokens is the call; recipe/lookup-local.yaml
 caps a turn at 3 tokens, so a call is often the turn's last token, which the
 parser needs). Real tokenizers do the same for ``<tool_call>`` (Qwen's added
 tokens); a call spelled out in some 25 tokens would not be found by a random
@@ -61,8 +66,11 @@ KEYS = ("a",)
 CALL_CREDIT = 0.2
 DIGIT_CREDIT = 0.1
 """Reward for a well-formed ``lookup`` call, the shaped part of the reward."""
-import os as _os
-REPEAT = int(_os.environ.get("LOOKUP_REPEAT", "1"))
+REPEAT = 8
+"""The tool answers with the value written this many times ("7" -> "77777777"): at
+random initialisation attention is near uniform, so eight copies of the value in
+the context (and tied embeddings) make the policy more likely to say it; a single
+copy left the answer unlearned in the runs of docs/quickstart.md."""
 MAX_TURNS = 2
 """Model turns per rollout: the call, then the answer (a second call leaves no answer)."""
 FORWARDED = ("temperature", "top_p", "max_tokens")
@@ -260,8 +268,9 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
             "turns": float(turns),
             "tool_calls": float(len(called)),
             "looked_up_asked": float(asked in called),
-            "answered_right": float(
-                asked in called and answer is not None and answer.strip() == table[asked]
+            # The answer starts with the looked-up value: 1 in `digits` by chance.
+            "answer_starts_right": float(
+                asked in called and answer is not None and answer.strip()[:1] == table[asked]
             ),
         },
     }

@@ -9,11 +9,11 @@ best a policy that never calls the tool can reach (core/tasks/lookup.py states t
 shaped reward in full). The healthy run starts from random weights.
 
 Sabotage, as in test_learning.py (cheap: it resumes from the healthy run's checkpoint
-at ``RESUME_AT``, still near the baseline, and runs to ``STEPS``, where the healthy
-run from the same state has learned): ``second-turn-untrained`` gives every turn after
-a row's first no weight, so the answer after the tool result is never trained. It can
-still learn the call (``CALL_CREDIT``) and answer right by chance, which stays far
-below the healthy run.
+at ``RESUME_AT``, where the model calls the tool but does not yet read the result,
+and runs to ``STEPS``, where the healthy run from the same state has learned to):
+``second-turn-untrained`` gives every turn after a row's first no weight, so the
+answer after the tool result is never trained. It keeps what it had and does not
+improve.
 """
 
 from __future__ import annotations
@@ -28,17 +28,21 @@ from typing import Any
 
 import pytest
 
-from core.tasks.lookup import CALL_CREDIT
 from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
 from core.trainer.metrics import read_metrics
+from core.trainer.traces import read_traces, trace_path
 
 RUNNER = Path(__file__).with_name("learning_run.py")
 SEED = 0
-STEPS = 150
-"""Where seed 0's healthy run has learned (figures in docs/quickstart.md)."""
-RESUME_AT = 60
-"""Where the sabotaged run starts: the healthy run is still near the baseline here."""
+STEPS = 230
+"""Where seed 0's healthy run has learned to call and to read the result (figures in
+docs/quickstart.md)."""
+RESUME_AT = 120
+"""Where the sabotaged run starts: the healthy run calls the tool in nearly every
+rollout and answers a digit, mostly not yet the right one (about 0.3-0.4)."""
 WINDOW = 10
+MIN_FINAL = 0.5
+"""Healthy mean reward over the last ``WINDOW`` steps; the call alone earns 0.2."""
 SABOTAGES = ["second-turn-untrained"]
 TASK = ["task=lookup", "trainer.eval_every=0"]
 Records = list[dict[str, Any]]
@@ -77,10 +81,25 @@ def _sabotaged(variant: str, root: Path, healthy: Future[tuple[Records, float]])
     return _run(variant, run_dir, root / f"{variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true")
 
 
+def answers_right(run_dir: Path, steps: range) -> float:
+    """Share of the rollouts of ``steps`` whose answer starts with the looked-up value."""
+    hits = [
+        rollout["metrics"]["answer_starts_right"]
+        for step in steps
+        for rollout in read_traces(trace_path(run_dir, "train", step)).rollouts
+        if rollout["metrics"]
+    ]
+    return sum(hits) / len(hits)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
-    root = tmp_path_factory.mktemp("lookup_learning")
-    with ThreadPoolExecutor(max_workers=1 + len(SABOTAGES)) as pool:
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lookup_learning")
+
+
+@pytest.fixture(scope="module")
+def runs(root: Path) -> dict[str, Records]:
+    with ThreadPoolExecutor(max_workers=1 + len(SABOTAGES)) as pool:  # 2 processes on 2 cores
         healthy = pool.submit(
             _run, "none", root / "none", root / "none.log",
             f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
@@ -93,15 +112,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
 
 
 @pytest.mark.slow
-def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records]) -> None:
+def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records], root: Path) -> None:
     records = runs["none"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     start, final = window_mean(records, WINDOW), window_mean(records, STEPS)
-    print(f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}")
+    right = answers_right(root / "none", range(STEPS - WINDOW + 1, STEPS + 1))
+    print(f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}; answers right {right:.2f}")
     assert start < 0.1
-    assert final >= 0.6  # well above 0.0, and above CALL_CREDIT: the answers are right
+    assert final >= MIN_FINAL  # far above 0.0, and above what the call alone earns
     last = {int(r["step"]): r for r in records}[STEPS]
-    assert last["turns/total"] >= 1.5 * last["rollouts/total"]  # most rollouts call, then answer
+    assert last["turns/total"] >= 1.8 * last["rollouts/total"]  # nearly every rollout calls, then answers
+    # The answer reads the tool result: right far more often than 1 in 4 (a constant digit).
+    assert right >= 0.5
     assert last["train/logprob_diff_max"] < 1e-3
 
 
@@ -113,5 +135,6 @@ def test_untrained_second_turn_does_not_learn_the_answer(sabotage: str, runs: di
     start, healthy = window_mean(runs["none"], RESUME_AT), window_mean(runs["none"], STEPS)
     final = window_mean(records, STEPS)
     print(f"{sabotage}: {final:.3f} at step {STEPS}; healthy {start:.3f} at {RESUME_AT} -> {healthy:.3f}")
-    assert start < 0.15 and healthy >= 0.6
-    assert final < CALL_CREDIT + 0.15
+    assert healthy >= MIN_FINAL and healthy - start >= 0.3  # the healthy run learned from here
+    # The sabotaged run does not: it ends where it started, far below the healthy run.
+    assert final < start + 0.1 and final < healthy - 0.25

@@ -35,8 +35,7 @@ def test_reward_pays_nothing_without_a_call_and_the_answer_only_after_the_asked_
     assert task.lookup_reward([asked], asked, table, "") == task.CALL_CREDIT
     assert task.lookup_reward([asked], asked, table, wrong) == task.CALL_CREDIT + task.DIGIT_CREDIT
     assert task.lookup_reward([asked], asked, table, right + "xx") == pytest.approx(0.2 + 0.8 / 3)
-    other = task.KEYS[0]
-    assert task.lookup_reward([other], asked, table, right) == task.CALL_CREDIT + task.DIGIT_CREDIT
+    assert task.lookup_reward(["z"], asked, table, right) == task.CALL_CREDIT + task.DIGIT_CREDIT
 
 
 def test_dataset_draws_values_per_row_and_covers_every_key_in_eval(tmp_path: Path) -> None:
@@ -156,7 +155,7 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
                     between = row.token_ids[first.end : second.start]
                     assert all(m == 0 for m in row.loss_mask[first.end : second.start])
                     assert tok.decode(between) == (
-                        f"\n<|im_start|>user\n<tool_response>\n{value}\n</tool_response>"
+                        f"\n<|im_start|>user\n<tool_response>\n{value * task.REPEAT}\n</tool_response>"
                         "<|im_end|>\n<|im_start|>assistant\n"
                     )
                     assert all(row.loss_mask[t] == 1 for s in row.turns for t in range(s.start, s.end))
