@@ -41,8 +41,13 @@ RESUME_AT = 120
 """Where the sabotaged run starts: the healthy run calls the tool in nearly every
 rollout and answers a digit, mostly not yet the right one (about 0.3-0.4)."""
 WINDOW = 10
-MIN_FINAL = 0.5
-"""Healthy mean reward over the last ``WINDOW`` steps; the call alone earns 0.2."""
+MIN_FINAL = 0.35
+"""Healthy mean reward over the last ``WINDOW`` steps: a call and any digit earn 0.3.
+Two runs of seed 0 here ended at 0.41 and 0.81 (batching under different load
+moves the trajectory); both read the result in three answers out of four, and
+differed in whether they had learned to stop after the digit."""
+MIN_RIGHT = 0.5
+"""Share of answers starting with the looked-up value; chance is 1 in 4."""
 SABOTAGES = ["second-turn-untrained"]
 TASK = ["task=lookup", "trainer.eval_every=0"]
 Records = list[dict[str, Any]]
@@ -116,25 +121,37 @@ def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records], 
     records = runs["none"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     start, final = window_mean(records, WINDOW), window_mean(records, STEPS)
-    right = answers_right(root / "none", range(STEPS - WINDOW + 1, STEPS + 1))
+    right = answers_right(root / "none", _last(STEPS))
     print(f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}; answers right {right:.2f}")
     assert start < 0.1
-    assert final >= MIN_FINAL  # far above 0.0, and above what the call alone earns
+    assert final >= MIN_FINAL  # far above 0.0, and above what a call and any digit earn
     last = {int(r["step"]): r for r in records}[STEPS]
     assert last["turns/total"] >= 1.8 * last["rollouts/total"]  # nearly every rollout calls, then answers
-    # The answer reads the tool result: right far more often than 1 in 4 (a constant digit).
-    assert right >= 0.5
+    assert right >= MIN_RIGHT  # the answer reads the tool result
     assert last["train/logprob_diff_max"] < 1e-3
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sabotage", SABOTAGES)
-def test_untrained_second_turn_does_not_learn_the_answer(sabotage: str, runs: dict[str, Records]) -> None:
+def test_untrained_second_turn_does_not_learn_the_answer(
+    sabotage: str, runs: dict[str, Records], root: Path
+) -> None:
     records = runs[sabotage]
     assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
-    start, healthy = window_mean(runs["none"], RESUME_AT), window_mean(runs["none"], STEPS)
-    final = window_mean(records, STEPS)
-    print(f"{sabotage}: {final:.3f} at step {STEPS}; healthy {start:.3f} at {RESUME_AT} -> {healthy:.3f}")
-    assert healthy >= MIN_FINAL and healthy - start >= 0.3  # the healthy run learned from here
-    # The sabotaged run does not: it ends where it started, far below the healthy run.
-    assert final < start + 0.1 and final < healthy - 0.25
+    start_right = answers_right(root / "none", _last(RESUME_AT))
+    healthy_right = answers_right(root / "none", _last(STEPS))
+    right = answers_right(root / sabotage, _last(STEPS))
+    start, final = window_mean(runs["none"], RESUME_AT), window_mean(records, STEPS)
+    print(
+        f"{sabotage}: answers right {start_right:.2f} at step {RESUME_AT} -> {right:.2f} at {STEPS} "
+        f"(healthy {healthy_right:.2f}); reward {start:.3f} -> {final:.3f}"
+    )
+    # The shared start had not learned to read the result; the healthy run did from there.
+    assert start_right < 0.4 and healthy_right >= MIN_RIGHT
+    # The sabotaged run did not: its answers stay near chance and its reward where it was.
+    assert right < 0.4 and right < healthy_right - 0.25
+    assert final < start + 0.1
+
+
+def _last(step: int) -> range:
+    return range(step - WINDOW + 1, step + 1)
