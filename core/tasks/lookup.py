@@ -62,10 +62,12 @@ if TYPE_CHECKING:
 
 SYSTEM = "Look up the key."
 KEYS = ("a",)
-"""Keys of every row's table (the model must look up the one asked for)."""
+"""Keys of every row's table (the model must look up the one asked for); one, so
+the call is a single token to find (more keys are a choice to learn on top)."""
 CALL_CREDIT = 0.2
+"""Reward for a well-formed ``lookup`` call followed by an answer (shaped)."""
 DIGIT_CREDIT = 0.1
-"""Reward for a well-formed ``lookup`` call, the shaped part of the reward."""
+"""Reward for an answer that is a digit, after a call (shaped)."""
 REPEAT = 8
 """The tool answers with the value written this many times ("7" -> "77777777"): at
 random initialisation attention is near uniform, so eight copies of the value in

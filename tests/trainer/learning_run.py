@@ -85,24 +85,6 @@ def _second_turn_untrained() -> list[str]:
     return []
 
 
-def _tool_result_trained() -> list[str]:
-    """The tokens between turns (the tool result the agent sent) are trained as if the
-    model had generated them, with the 0.0 logprob a context token carries."""
-    real = _original(signal, "trace_to_datum")
-
-    def leaky(record: Any, advantage: float) -> Any:
-        if len(record.turns) >= 2:
-            mask = list(record.loss_mask)
-            for before, after in zip(record.turns, record.turns[1:], strict=False):
-                for i in range(before.end, after.start):
-                    mask[i] = 1
-            record = replace(record, loss_mask=mask)
-        return real(record, advantage)
-
-    _patch(signal, "trace_to_datum", leaky)
-    return []
-
-
 def _mismatched_logprobs() -> list[str]:
     """Sampler logprobs at T=1, trainer logprobs at T=0.7: ratios far from 1, clipped away."""
     return ["+algorithm.loss_config.temperature=0.7"]
@@ -125,7 +107,6 @@ SABOTAGES: dict[str, Callable[[], list[str]]] = {
     "mismatched-logprobs": _mismatched_logprobs,
     "no-weight-sync": _no_weight_sync,
     "second-turn-untrained": _second_turn_untrained,
-    "tool-result-trained": _tool_result_trained,
 }
 
 
