@@ -44,6 +44,8 @@ STEPS = 250
 RESUME_AT = 175
 """Where the sabotaged runs start: the healthy run is still below 0.05 here."""
 WINDOW = 10
+ASYNC = "async-max-staleness-1"
+"""The healthy run's step-175 state resumed in ``trainer.mode=async`` (max_staleness=1)."""
 LEARNING_JOBS = max(1, int(os.environ.get("TRACERL_LEARNING_JOBS", "2")))
 SABOTAGES = ["negated-advantages", "shifted-mask", "mismatched-logprobs", "no-weight-sync"]
 Records = list[dict[str, Any]]
@@ -81,12 +83,17 @@ def _wait_for_checkpoint(healthy: Future[tuple[Records, float]], ckpt: Path) -> 
         time.sleep(1.0)
 
 
-def _sabotaged(variant: str, root: Path, healthy: Future[tuple[Records, float]]) -> tuple[Records, float]:
+def _sabotaged(
+    variant: str, root: Path, healthy: Future[tuple[Records, float]], *overrides: str, name: str = ""
+) -> tuple[Records, float]:
     ckpt = checkpoint_dir(root / "none", RESUME_AT)
     _wait_for_checkpoint(healthy, ckpt)
-    run_dir = root / variant
+    run_dir = root / (name or variant)
     shutil.copytree(ckpt, checkpoint_dir(run_dir, RESUME_AT))  # its backend_path still names the original
-    return _run(variant, run_dir, root / f"{variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true")
+    return _run(
+        variant, run_dir, root / f"{name or variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true",
+        *overrides,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +106,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
             f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
         )
         futures = {"none": healthy, **{s: pool.submit(_sabotaged, s, root, healthy) for s in SABOTAGES}}
+        futures[ASYNC] = pool.submit(
+            _sabotaged, "none", root, healthy, "trainer.mode=async", "trainer.max_staleness=1", name=ASYNC
+        )
         results = {variant: f.result() for variant, f in futures.items()}
     for variant, (records, wall) in results.items():
         print(f"{variant}: {len(records)} steps in {wall:.0f} s, final {window_mean(records, STEPS):.3f}")
@@ -130,6 +140,19 @@ def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]
     # and the healthy run learned from it within the same horizon.
     assert start < 0.05 and healthy >= 0.8
     assert final < 0.3
+
+
+@pytest.mark.slow
+def test_async_training_learns_from_the_same_state(runs: dict[str, Records]) -> None:
+    """Resumed from the healthy run's checkpoint in trainer.mode=async with max_staleness=1,
+    training on rollouts up to one step old (behaviour-policy ratio), it learns as well."""
+    records = runs[ASYNC]
+    assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))
+    final = window_mean(records, STEPS)
+    print(f"{ASYNC}: {final:.3f} at step {STEPS}; healthy {window_mean(runs['none'], STEPS):.3f}")
+    assert max(r["async/staleness_max"] for r in records) <= 1
+    assert any(r["async/staleness_max"] == 1 for r in records)  # it did train off-policy
+    assert final >= 0.8
 
 
 def test_runner_refuses_an_unknown_sabotage(tmp_path: Path) -> None:
