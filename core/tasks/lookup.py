@@ -8,10 +8,11 @@ assignment on the real stack: the model writes the chat template's
 ``<tool_call>`` text, the gateway's Hermes parser turns it into ``tool_calls``,
 and the trace's second turn is trained with the tool result masked out.
 
-Shrunk to what a random-init 137k-parameter model learns in a few minutes on
-CPU (docs/quickstart.md has the figures): one key (so the call takes no
-choice), values from the first ``digits`` digits (4 in the task config), the
-value repeated ``REPEAT`` times in the tool result.
+Shrunk for a random-init 137k-parameter model on CPU: one key (so the call
+takes no choice), values from the first ``digits`` digits (4 in the task
+config), the value repeated ``REPEAT`` times in the tool result. Measured
+(docs/quickstart.md): every run calls and answers with a digit by step 100;
+reading the value out of the result came by step 230 in two runs of five.
 
 Reward (shaped, stated in full; at most 1.0):
 
@@ -71,8 +72,8 @@ DIGIT_CREDIT = 0.1
 REPEAT = 8
 """The tool answers with the value written this many times ("7" -> "77777777"): at
 random initialisation attention is near uniform, so eight copies of the value in
-the context (and tied embeddings) make the policy more likely to say it; a single
-copy left the answer unlearned in the runs of docs/quickstart.md."""
+the context (and tied embeddings) make the policy more likely to say it. With a
+single copy, runs here had collapsed to a constant answer by step 150."""
 MAX_TURNS = 2
 """Model turns per rollout: the call, then the answer (a second call leaves no answer)."""
 FORWARDED = ("temperature", "top_p", "max_tokens")
@@ -270,6 +271,8 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
             "turns": float(turns),
             "tool_calls": float(len(called)),
             "looked_up_asked": float(asked in called),
+            # The answer has the right form (a digit first).
+            "answer_is_digit": float(answer is not None and answer.strip()[:1].isdigit()),
             # The answer starts with the looked-up value: 1 in `digits` by chance.
             "answer_starts_right": float(
                 asked in called and answer is not None and answer.strip()[:1] == table[asked]

