@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -114,10 +115,17 @@ class RewardStage:
         return [self._apply(o, *by_id[o.request.rollout_id]) if o.request.rollout_id in by_id else o for o in group]
 
     def _apply(self, o: RolloutOutcome, base: RolloutResult, out: RewardOutput) -> RolloutOutcome:
-        score = out.reward
+        score = _finite(out.reward)
         error = out.error
-        if error is None and (score is None or isinstance(score, bool) or not math.isfinite(float(score))):
-            error = f"returned reward {score!r}, not a finite number"
+        if error is None and score is None:
+            error = f"returned reward {out.reward!r}, not a finite number"
+        components: dict[str, float] = {}
+        for key, value in (out.components or {}).items() if error is None else ():
+            number = _finite(value)
+            if number is None:
+                error = f"returned component {key!r}={value!r}, not a finite number"
+                break
+            components[str(key)] = number
         if error is not None:
             result = RolloutResult(
                 base.rollout_id,
@@ -129,13 +137,25 @@ class RewardStage:
             return _restamp(o, result)
         assert score is not None
         agent = float(base.reward or 0.0)
-        reward = {"replace": float(score), "add": agent + float(score), "log": agent}[self.mode]
+        reward = {"replace": score, "add": agent + score, "log": agent}[self.mode]
         metrics = dict(base.metrics)
-        metrics[f"reward/{self.component}"] = float(score)
-        for key, value in out.components.items():
+        metrics[f"reward/{self.component}"] = score
+        for key, value in components.items():
             if key not in RESERVED_COMPONENTS:
-                metrics[f"reward/{key}"] = float(value)
+                metrics[f"reward/{key}"] = value
         return _restamp(o, replace(base, reward=reward, metrics=metrics))
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float; None for bools, non-numbers, NaN and infinities
+    (a plugin's ``"0.7"`` or ``nan`` must become ``judge_error``, not crash the step)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _restamp(o: RolloutOutcome, result: RolloutResult) -> RolloutOutcome:

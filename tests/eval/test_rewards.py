@@ -279,3 +279,34 @@ def test_backends_with_their_own_trainer_refuse_a_trainer_side_reward() -> None:
     with pytest.raises(ConfigError, match="reward=match scores rollouts in core's loop.*'verl'"):
         check_driving_settings(compose(["run_dir=unused", "reward=match"], plugins), "verl")
     check_driving_settings(compose(["run_dir=unused"], plugins), "verl")  # reward=agent passes
+
+
+class _Fixed:
+    """A reward function returning the given outputs, one per rollout."""
+
+    def __init__(self, *outputs: RewardOutput) -> None:
+        self.outputs = outputs
+
+    async def score(self, group: Any) -> list[RewardOutput]:
+        return list(self.outputs[: len(group)])
+
+
+def test_a_non_numeric_score_or_component_is_judge_error_not_a_crash() -> None:
+    """A plugin's string score, NaN component or bool is ``judge_error`` with a reason;
+    it used to raise out of ``RewardStage.score`` and end the training step."""
+    payload = {"q": "1+1", "answer": "2"}
+    group = [_outcome(a, payload) for a in ("2", "3", "4", "5")]
+    stage = RewardStage(
+        _Fixed(
+            RewardOutput(reward="high"),  # type: ignore[arg-type]
+            RewardOutput(reward=1.0, components={"style": "good"}),  # type: ignore[dict-item]
+            RewardOutput(reward=1.0, components={"style": float("nan")}),
+            RewardOutput(reward=0.5, components={"style": 1}),
+        ),
+        name="fixed",
+    )
+    out = asyncio.run(stage.score(group))
+    assert [o.result.status for o in out] == [RolloutStatus.JUDGE_ERROR] * 3 + [RolloutStatus.OK]
+    assert "'high'" in (out[0].result.error or "") and "'style'" in (out[1].result.error or "")
+    assert out[3].result.reward == 0.5 and out[3].result.metrics["reward/style"] == 1.0
+    assert all(r.reward is None for o in out[:3] for r in o.rows)
