@@ -305,6 +305,12 @@ class RolloutRunner:
                 late.expect(rollout_id)
             try:
                 result = await self.runtime.run_rollout(request)
+            except BaseException:
+                # Cancelled (the async pool closing) or a runtime breaking its contract:
+                # the rollout will never wait for a reward, so stop accepting one.
+                if late is not None:
+                    late.forget(rollout_id)
+                raise
             finally:
                 self._active.pop(rollout_id, None)
                 rows, faults, conversation = self._close_session(sid)

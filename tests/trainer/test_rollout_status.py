@@ -270,3 +270,34 @@ def test_a_dropped_session_fails_only_its_own_rollout(byte_tokenizer: Any) -> No
     assert lost.result.status is RolloutStatus.CRASHED and lost.rows == []
     assert "session was dropped" in (lost.result.error or "") and lost.faults["session_lost"] == 1
     assert by_group["b"].result.status is RolloutStatus.OK and len(by_group["b"].rows) == 1
+
+
+def test_a_cancelled_rollout_stops_accepting_a_late_reward(byte_tokenizer: Any) -> None:
+    """A rollout cancelled mid-run (the async pool closing) is forgotten by
+    ``gateway.late_rewards``; it used to stay expected forever (a leak per
+    cancelled rollout, and posts for it were accepted and kept)."""
+    started = asyncio.Event()
+
+    async def agent(gw: Gateway, req: RolloutRequest) -> RolloutResult:
+        started.set()
+        await asyncio.sleep(60)
+        return _ok(req)
+
+    gateway = Gateway(tokenizer=byte_tokenizer, sampler=FlakySampler(byte_tokenizer),
+                      config=GatewayConfig(history_mode="tree"), model_id="tiny")
+    runner = RolloutRunner(gateway=gateway, base_url="http://x/v1", runtime=CoroutineRuntime(gateway, agent),
+                           model_id="tiny", max_concurrency=4, timeout_s=5.0)
+
+    async def main() -> None:
+        task = asyncio.create_task(runner.run_one({}, group_id="g", sampling=SamplingParams(max_tokens=8)))
+        await started.wait()
+        assert len(gateway.late_rewards._expected) == 1
+        rid = next(iter(gateway.late_rewards._expected))
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with pytest.raises(ConfigError, match="no running or pending rollout"):
+            gateway.late_rewards.post(rid, 1.0)
+        assert gateway.late_rewards._expected == set()
+
+    asyncio.run(main())
