@@ -126,6 +126,11 @@ class RewardStage:
                 error = f"returned component {key!r}={value!r}, not a finite number"
                 break
             components[str(key)] = number
+        failed_key = f"reward/{self.component}_failed"
+        if error is not None and self.mode == "log":
+            # The agent's reward trains in log mode: a judge that cannot score only
+            # loses the logged score (reward/<component>_failed is the failure rate).
+            return _restamp(o, replace(base, metrics={**base.metrics, failed_key: 1.0}))
         if error is not None:
             result = RolloutResult(
                 base.rollout_id,
@@ -140,6 +145,8 @@ class RewardStage:
         reward = {"replace": score, "add": agent + score, "log": agent}[self.mode]
         metrics = dict(base.metrics)
         metrics[f"reward/{self.component}"] = score
+        if self.mode == "log":
+            metrics[failed_key] = 0.0
         for key, value in components.items():
             if key not in RESERVED_COMPONENTS:
                 metrics[f"reward/{key}"] = value

@@ -135,7 +135,7 @@ def test_third_party_reward_plugin_registers_and_is_chosen_by_name(monkeypatch: 
     stage = _stage("reward=length", "reward.per_char=0.5", "reward.mode=log", plugins=plugins)
     out = asyncio.run(stage.score([_outcome("abcd", {})]))
     assert out[0].result.reward == 0.25  # mode=log: the agent's reward trains
-    assert out[0].result.metrics == {"reward/length": 2.0, "reward/chars": 4.0}
+    assert out[0].result.metrics == {"reward/length": 2.0, "reward/chars": 4.0, "reward/length_failed": 0.0}
     with pytest.raises(ConfigError, match=r"unknown key reward\.per_chr.*Did you mean reward\.per_char"):
         _stage("reward=length", "+reward.per_chr=1", plugins=plugins)
     with pytest.raises(ConfigError, match="unknown reward 'nope'.*Installed rewards: agent, judge, length, match, math, short"):
@@ -310,3 +310,24 @@ def test_a_non_numeric_score_or_component_is_judge_error_not_a_crash() -> None:
     assert "'high'" in (out[0].result.error or "") and "'style'" in (out[1].result.error or "")
     assert out[3].result.reward == 0.5 and out[3].result.metrics["reward/style"] == 1.0
     assert all(r.reward is None for o in out[:3] for r in o.rows)
+
+
+def test_log_mode_keeps_the_agents_reward_when_the_judge_fails() -> None:
+    """``reward.mode=log``: the agent's reward trains, the plugin's score is only
+    logged, so a failing plugin must not exclude the rollout (it used to become
+    ``judge_error``: a judge outage excluded every rollout and aborted the run)."""
+    payload = {"q": "1+1", "answer": "2"}
+    group = [_outcome(a, payload) for a in ("2", "3")]
+    stage = RewardStage(
+        _Fixed(RewardOutput(error="judge down"), RewardOutput(reward=0.9)), name="fixed", mode="log"
+    )
+    out = asyncio.run(stage.score(group))
+    assert [o.result.status for o in out] == [RolloutStatus.OK, RolloutStatus.OK]
+    assert [o.result.reward for o in out] == [0.25, 0.25]  # the agent's, as before scoring
+    assert all(r.reward == 0.25 for o in out for r in o.rows)
+    assert "reward/fixed" not in out[0].result.metrics and out[1].result.metrics["reward/fixed"] == 0.9
+    assert [o.result.metrics["reward/fixed_failed"] for o in out] == [1.0, 0.0]
+    # Every other mode still excludes what it cannot score.
+    for mode in ("replace", "add"):
+        scored = asyncio.run(RewardStage(_Fixed(RewardOutput(error="judge down")), name="f", mode=mode).score(group[:1]))
+        assert scored[0].result.status is RolloutStatus.JUDGE_ERROR
