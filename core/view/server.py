@@ -119,3 +119,5 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.NOT_FOUND, {"error": str(exc.args[0]) if exc.args else "not found"})
         except ValueError as exc:
             self._json(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+        except OSError as exc:  # unreadable file (permissions, deleted mid-read): say so, keep serving
+            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"cannot read the run's files: {exc}"})

@@ -146,3 +146,26 @@ def test_cli_serves_the_run_on_loopback(trained_run: dict[str, Any]) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)  # reaps it and closes the pipes
+
+
+def test_an_unreadable_trace_file_is_a_json_error_not_a_dropped_connection(tmp_path: Path) -> None:
+    """An OSError reading the run (here a trace "file" that is a directory) answers 500
+    with the reason; it used to escape the handler, which closed the connection unanswered."""
+    run_dir = tmp_path / "run"
+    (run_dir / "traces" / "train_000001.jsonl.gz").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("")
+    server = ViewServer(run_dir, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", "/api/step?kind=train&step=1")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 500 and "cannot read the run's files" in body["error"]
+        conn.request("GET", "/api/run")  # the same connection still serves
+        again = conn.getresponse()
+        assert again.status == 200 and json.loads(again.read())["traces"]["train"] == [1]
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
