@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,8 @@ class ViewServer(ThreadingHTTPServer):
 
     def __init__(self, run_dir: Path, host: str = "127.0.0.1", port: int = 0) -> None:
         self.data = RunData(run_dir)
+        if ":" in host:  # an IPv6 address (``--host ::1``): the stdlib server defaults to IPv4
+            self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
         self.host = host
 

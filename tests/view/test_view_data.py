@@ -169,3 +169,31 @@ def test_an_unreadable_trace_file_is_a_json_error_not_a_dropped_connection(tmp_p
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_server_listens_on_ipv6_loopback(tmp_path: Path) -> None:
+    """``--host ::1`` (which the CLI treats as loopback) serves, and checks ``Host`` there too;
+    it failed with ``gaierror: Address family for hostname not supported``."""
+    import socket
+
+    try:  # a host without IPv6 loopback cannot run this (the fix is then moot there)
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    (tmp_path / "metrics.jsonl").write_text("")
+    server = ViewServer(tmp_path, "::1", 0)
+    server.start_background()
+    try:
+        assert server.url.startswith("http://[::1]:")
+        port = server.server_address[1]
+        for host, status in ((f"[::1]:{port}", 200), (f"localhost:{port}", 200), ("evil.example", 403)):
+            conn = http.client.HTTPConnection("::1", port, timeout=30)
+            conn.request("GET", "/api/run", headers={"Host": host})
+            resp = conn.getresponse()
+            resp.read()
+            conn.close()
+            assert resp.status == status, host
+    finally:
+        server.shutdown()
+        server.server_close()
