@@ -175,7 +175,7 @@ def openai_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None)
             names.append(_named(wanted, tools, f"tool_choice.tools[{j}].name"))
         return ToolChoice(mode, tuple(dict.fromkeys(names)), parallel)
     raise bad_request(
-        f"'tool_choice' of type {kind!r} is not supported; use 'none', 'auto', 'required', "
+        f"'tool_choice' of type {preview(kind)} is not supported; use 'none', 'auto', 'required', "
         "{'type': 'function', ...} or {'type': 'allowed_tools', ...}",
         param="tool_choice",
     )

@@ -314,6 +314,10 @@ def test_deep_values_of_request_fields_are_400_naming_the_field(harness: Harness
          "messages[0].content[0]"),
         ("/v1/messages", '{"max_tokens": 8, "tools": [{"name": "f", "type": ' + deep + '}], '
          '"messages": [{"role": "user", "content": "x"}]}', "tools[0]"),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '
+         '"function": {"name": "f"}}], "tool_choice": {"type": ' + deep + "}}", "'tool_choice' of type"),
+        ("/v1/responses", '{"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": '
+         + deep + "}}", "'tool_choice' of type"),
     ):
         r = _post(h, path, sid, raw.encode())
         msg = _anthropic_error(r, 400) if path == "/v1/messages" else _openai_error(r, 400)
