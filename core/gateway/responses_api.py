@@ -149,7 +149,7 @@ def _check_fields(body: dict[str, Any]) -> None:
             raise _refuse("include", "must be a list of strings")
         for v in include:
             if v not in _INCLUDE_OK:
-                raise _refuse("include", f"holds {v!r}, which this gateway cannot return (it returns {sorted(_INCLUDE_OK)})")
+                raise _refuse("include", f"holds {short_repr(v)}, which this gateway cannot return (it returns {sorted(_INCLUDE_OK)})")
     text = body.get("text")
     if text is not None:
         fmt = text.get("format") if isinstance(text, dict) else None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.gateway.errors import bad_request
-from core.gateway.fields import preview
+from core.gateway.fields import preview, short_repr
 
 __all__ = ["AUTO", "Enforced", "ToolChoice", "anthropic_tool_choice", "enforce", "openai_tool_choice"]
 
@@ -95,14 +95,20 @@ def _offered(tools: list[dict[str, Any]] | None) -> list[str]:
     return [str(t["function"]["name"]) for t in tools or ()]
 
 
+_LISTED = 20
+"""Most offered tool names an error message lists."""
+
+
 def _named(name: Any, tools: list[dict[str, Any]] | None, param: str) -> str:
     if not isinstance(name, str) or not name:
         raise bad_request(f"'{param}' must name a tool with a non-empty string", param=param.split(".")[0])
     offered = _offered(tools)
     if name not in offered:
+        # Client strings are quoted cut short: the message must stay small whatever was sent.
+        listed = ", ".join(short_repr(n) for n in offered[:_LISTED]) + (", ..." if len(offered) > _LISTED else "")
         raise bad_request(
-            f"'{param}' names the tool {name!r}, which is not among the request's tools "
-            f"({', '.join(map(repr, offered)) or 'none offered'}); offer it in 'tools' or choose another",
+            f"'{param}' names the tool {short_repr(name)}, which is not among the request's tools "
+            f"({listed or 'none offered'}); offer it in 'tools' or choose another",
             param=param.split(".")[0],
         )
     return name

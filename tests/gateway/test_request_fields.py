@@ -483,6 +483,16 @@ def test_tool_choice_shapes_and_enforcement() -> None:
     with pytest.raises(GatewayError) as exc:
         openai_tool_choice({"tool_choice": {**flat, "tools": [{"type": "function", "name": "nope"}]}}, tools)
     assert exc.value.param == "tool_choice" and "'nope'" in exc.value.message
+    # A hostile name or tool list is quoted cut short, not echoed whole.
+    many = [{"type": "function", "function": {"name": f"t{i}" + "x" * 1000}} for i in range(100)]
+    with pytest.raises(GatewayError) as exc:
+        openai_tool_choice({"tool_choice": {"type": "function", "name": "n" * 100_000}}, many)
+    assert exc.value.param == "tool_choice" and "'nnn" in exc.value.message and len(exc.value.message) < 2000
+    from core.gateway.responses_api import parse_responses_request
+
+    with pytest.raises(GatewayError) as exc:
+        parse_responses_request({"input": "x", "include": ["i" * 100_000]}, {})
+    assert exc.value.param == "include" and "'iii" in exc.value.message and len(exc.value.message) < 1000
     calc, weather = ("calculator", {"expression": "1"}), ("weather", {"city": "Oslo"})
     subset = enforce(ToolChoice("auto", ("weather",)), "pre", [calc, weather], "TEXT")
     assert (subset.calls, subset.dropped, subset.violated, subset.content) == ([weather], 1, True, "pre")
