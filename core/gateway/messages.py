@@ -254,6 +254,15 @@ def _anthropic_system(raw: Any, i: int) -> Canon:
     return [{"role": "system", "content": _text(raw[1], "system")}]
 
 
+def _block_id(block: dict[str, Any], key: str, bparam: str, param: str) -> str:
+    """A block's ``id`` / ``tool_use_id``: a string ('' when absent). A scalar is taken as its
+    text, as before; an object or list is a 400 (``str`` of one nested ~1000 deep recursed into a 500)."""
+    v = block.get(key, "")
+    if isinstance(v, dict | list):
+        raise bad_request(f"{bparam}.{key} must be a string, got {short_repr(v)}", param=param)
+    return str(v)
+
+
 def _anthropic_convert(m: Any, i: int) -> Canon:
     param = f"messages[{i}]"
     role = m.get("role")
@@ -282,7 +291,7 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                 raise bad_request(f"{bparam} must have a string 'name' and an object 'input'", param=param)
-            calls.append(canonical_tool_call(str(block.get("id", "")), block["name"], block.get("input", {})))
+            calls.append(canonical_tool_call(_block_id(block, "id", bparam, param), block["name"], block.get("input", {})))
         elif kind == "tool_result" and role == "user":
             if texts:
                 out.append({"role": "user", "content": "".join(texts)})
@@ -292,7 +301,7 @@ def _anthropic_convert(m: Any, i: int) -> Canon:
                 {
                     "role": "tool",
                     "content": _text(result, f"{bparam}.content"),
-                    "tool_call_id": str(block.get("tool_use_id", "")),
+                    "tool_call_id": _block_id(block, "tool_use_id", bparam, param),
                 }
             )
         else:

@@ -314,6 +314,11 @@ def test_deep_values_of_request_fields_are_400_naming_the_field(harness: Harness
          "messages[0].content[0]"),
         ("/v1/messages", '{"max_tokens": 8, "tools": [{"name": "f", "type": ' + deep + '}], '
          '"messages": [{"role": "user", "content": "x"}]}', "tools[0]"),
+        ("/v1/messages", '{"max_tokens": 8, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", '
+         '"content": [{"type": "tool_use", "id": ' + deep + ', "name": "f", "input": {}}]}, '
+         '{"role": "user", "content": "b"}]}', "messages[1].content[0].id"),
+        ("/v1/messages", '{"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_result", '
+         '"tool_use_id": ' + deep + ', "content": "x"}]}]}', "messages[0].content[0].tool_use_id"),
         ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", '
          '"function": {"name": "f"}}], "tool_choice": {"type": ' + deep + "}}", "'tool_choice' of type"),
         ("/v1/responses", '{"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": '
