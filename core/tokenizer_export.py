@@ -135,17 +135,27 @@ def load_tokenizer_without_torch(name_or_path: str, *, timeout_s: float = 600.0)
     if name_or_path == "tiny":
         return build_tiny_tokenizer()
     with tempfile.TemporaryDirectory(prefix="tracerl-tokenizer-") as dest:
-        proc = subprocess.run(
-            [sys.executable, "-m", "core.tokenizer_export", name_or_path, dest],
-            capture_output=True, text=True, timeout=timeout_s,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "core.tokenizer_export", name_or_path, dest],
+                capture_output=True, text=True, timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired:
+            log.warning("tokenizer %s: the torch-free copy took over %ss; loading it with AutoTokenizer",
+                        name_or_path, timeout_s)
+            return load_tokenizer(name_or_path)
         lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        verdict = None
+        if proc.returncode == 0 and lines:
+            try:  # the verdict is the child's last line; a library may print after it
+                verdict = json.loads(lines[-1])
+            except ValueError:
+                verdict = None
+        if not isinstance(verdict, dict):
+            reason = (proc.stderr.strip().splitlines() or [f"no verdict in its output ({len(lines)} lines)"])[-1]
             log.warning("tokenizer %s: the torch-free copy failed (%s); loading it with AutoTokenizer",
                         name_or_path, reason)
             return load_tokenizer(name_or_path)
-        verdict = json.loads(lines[-1])
         if not verdict["ok"]:
             log.warning("tokenizer %s (%s): its torch-free copy differs in %r; loading it with AutoTokenizer",
                         name_or_path, verdict["class"], verdict["difference"])

@@ -143,6 +143,26 @@ def test_a_failing_child_leaves_the_error_to_the_loader_itself(
     assert "OSError: no such tokenizer" in caplog.text
 
 
+def test_a_child_that_times_out_or_prints_no_verdict_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A child past its timeout, or one whose last line is not the JSON verdict, is a logged
+    fallback to the loader itself (which raises the real error here), not a crash of the caller."""
+    import core.tokenizer_export as export
+
+    def slow(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(args, kwargs["timeout"])
+
+    monkeypatch.setattr(export.subprocess, "run", slow)
+    with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"), pytest.raises(OSError):
+        load_tokenizer_without_torch(str(tmp_path / "nowhere"), timeout_s=5)
+    assert "took over 5s" in caplog.text
+    _child_answers(monkeypatch, 0, '{"ok": true}\nsome library chatter\n')
+    with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"), pytest.raises(OSError):
+        load_tokenizer_without_torch(str(tmp_path / "nowhere"))
+    assert "no verdict in its output (2 lines)" in caplog.text
+
+
 @pytest.mark.integration
 def test_the_gateway_cli_with_a_tokenizer_directory_never_imports_torch(dirs: dict[str, Path]) -> None:
     """``python -m core.gateway --tokenizer DIR`` serves a turn, and its process never imports torch."""
