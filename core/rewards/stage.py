@@ -18,7 +18,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.rewards.base import MODES, RewardFunction, RewardInput, RewardOutput
-from core.trainer.rollouts import RolloutOutcome, classify
+from core.trainer.rollouts import DEFAULT_MAX_ABS_REWARD, RolloutOutcome, classify
 from core.types import RolloutResult, RolloutStatus
 
 __all__ = ["RESERVED_COMPONENTS", "RewardStage", "build_reward_stage", "component_metrics"]
@@ -38,6 +38,7 @@ class RewardStage:
         mode: str = "replace",
         component: str = "",
         runner: Any = None,
+        max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"reward.mode={mode!r}; use one of {', '.join(MODES)}")
@@ -51,6 +52,7 @@ class RewardStage:
                 "choose another name"
             )
         self._runner = runner
+        self.max_abs_reward = max_abs_reward
 
     async def aclose(self) -> None:
         close = getattr(self.function, "aclose", None)
@@ -143,6 +145,18 @@ class RewardStage:
         assert score is not None
         agent = float(base.reward or 0.0)
         reward = {"replace": score, "add": agent + score, "log": agent}[self.mode]
+        if abs(reward) > self.max_abs_reward:
+            # The bound the agent's own reward meets (RolloutRunner.classify): a plugin's
+            # 1e12 is a bug or a sentinel, and would swamp every advantage of its group.
+            result = RolloutResult(
+                base.rollout_id,
+                RolloutStatus.INVALID_REWARD,
+                metrics=base.metrics,
+                error=(f"reward {self.name!r} gave {reward!r}, larger in magnitude than "
+                       f"trainer.max_abs_reward={self.max_abs_reward:g}"),
+                elapsed_s=base.elapsed_s,
+            )
+            return _restamp(o, result)
         metrics = dict(base.metrics)
         metrics[f"reward/{self.component}"] = score
         if self.mode == "log":
@@ -184,6 +198,7 @@ def build_reward_stage(cfg: Any, plugins: Any, runner: Any = None) -> RewardStag
         mode=str(node.get("mode", "replace")),
         component=str(node.get("component", "") or ""),
         runner=runner,
+        max_abs_reward=float((cfg.get("trainer") or {}).get("max_abs_reward", DEFAULT_MAX_ABS_REWARD)),
     )
 
 

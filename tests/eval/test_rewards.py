@@ -331,3 +331,22 @@ def test_log_mode_keeps_the_agents_reward_when_the_judge_fails() -> None:
     for mode in ("replace", "add"):
         scored = asyncio.run(RewardStage(_Fixed(RewardOutput(error="judge down")), name="f", mode=mode).score(group[:1]))
         assert scored[0].result.status is RolloutStatus.JUDGE_ERROR
+
+
+def test_a_plugin_score_past_max_abs_reward_is_invalid_reward() -> None:
+    """The bound the agent's own reward meets applies to a plugin's score too: a 1e12
+    would otherwise swamp every advantage of its group (it trained as given before)."""
+    payload = {"q": "1+1", "answer": "2"}
+    group = [_outcome(a, payload) for a in ("2", "3", "4")]
+    stage = RewardStage(
+        _Fixed(RewardOutput(reward=1e12), RewardOutput(reward=-5.0), RewardOutput(reward=1.0)),
+        name="fixed", max_abs_reward=2.0,
+    )
+    out = asyncio.run(stage.score(group))
+    assert [o.result.status for o in out] == [RolloutStatus.INVALID_REWARD] * 2 + [RolloutStatus.OK]
+    assert "trainer.max_abs_reward=2" in (out[0].result.error or "")
+    assert all(r.reward is None for o in out[:2] for r in o.rows)
+    # add mode bounds the sum (the agent's 0.25 plus the score).
+    added = asyncio.run(RewardStage(_Fixed(RewardOutput(reward=1.9)), name="f", mode="add",
+                                    max_abs_reward=2.0).score(group[:1]))
+    assert added[0].result.status is RolloutStatus.INVALID_REWARD

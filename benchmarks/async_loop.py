@@ -11,9 +11,9 @@ training wall time at which the trailing mean reward first reached
 ``--target``, and the final trailing mean reward (every mode trains the same
 number of rollouts: ``--steps`` x batch x group).
 
-    python benchmarks/async_training.py                       # sync, async s=0, async s=1; 300 steps
-    python benchmarks/async_training.py --steps 60 --modes sync async1
-    python benchmarks/async_training.py -- trainer.batch_size=8   # extra Hydra overrides for every run
+    python benchmarks/async_loop.py                       # sync, async s=0, async s=1; 300 steps
+    python benchmarks/async_loop.py --steps 60 --modes sync async1
+    python benchmarks/async_loop.py -- trainer.batch_size=8   # extra Hydra overrides for every run
 
 Modes: ``sync`` (trainer.mode=sync), ``asyncK`` (trainer.mode=async,
 trainer.max_staleness=K). Wall times are the loop's own (``time/train_wall``:
