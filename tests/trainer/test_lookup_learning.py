@@ -37,6 +37,9 @@ from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
 from core.trainer.metrics import read_metrics
 from core.trainer.traces import read_traces, trace_path
 
+pytestmark = pytest.mark.long
+"""Minutes of training: outside README's ``python -m pytest``; ``python -m pytest -m long`` runs it (CI does)."""
+
 RUNNER = Path(__file__).with_name("learning_run.py")
 SEED = 0
 STEPS = 120
