@@ -1,8 +1,8 @@
 """Synchronous vs asynchronous training on the long-tailed toy task, side by side.
 
 Runs the embedded default (``python -m core.train``: local backend, tiny
-model, succ_digit) with the task's long-tail option (each row's rollouts wait
-a seeded lognormal delay after their model call, median ``--p50`` seconds,
+model, succ_digit) with the task's long-tail option (each rollout waits its own
+seeded lognormal delay after its model call, median ``--p50`` seconds,
 p99/p50 = ``--ratio``: a slow tool or environment) once per mode, one
 process at a time, and prints per mode: steps/s, rollouts/s, the fraction of
 the wall time the trainer waited for rollouts and the sampler had no
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", default=["sync", "async0", "async1"])
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
-    parser.add_argument("--p50", type=float, default=0.3, help="median per-row delay, seconds (default 0.3)")
+    parser.add_argument("--p50", type=float, default=0.3, help="median per-rollout delay, seconds (default 0.3)")
     parser.add_argument("--ratio", type=float, default=10.0, help="p99/p50 of the delay (default 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=0.8, help="mean reward to reach (default 0.8)")

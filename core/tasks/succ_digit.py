@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,17 @@ LONG_TAIL_Z99 = 2.3263
 ``ln(ratio) / LONG_TAIL_Z99`` has p99 / p50 = ``ratio``."""
 
 
-def long_tail_delays(n: int, *, p50_s: float, ratio: float = 10.0, seed: int = 0) -> list[float]:
-    """``n`` seeded lognormal delays (seconds) with median ``p50_s`` and p99/p50 ``ratio``."""
+def long_tail_delay(*, p50_s: float, ratio: float, key: str, rollout: int) -> float:
+    """Rollout ``rollout`` of the row keyed ``key``: one seeded lognormal delay (seconds).
+
+    Median ``p50_s``, p99/p50 ``ratio``; the same arguments give the same delay,
+    and each rollout index draws its own, so one group's rollouts differ.
+    """
     if p50_s < 0 or ratio < 1:
         raise ValueError(f"long tail needs p50_s >= 0 and ratio >= 1, got {p50_s!r}, {ratio!r}")
-    rng = random.Random(f"long-tail-{seed}")
     sigma = math.log(ratio) / LONG_TAIL_Z99
-    return [p50_s * math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(n)]
+    rng = random.Random(f"long-tail-{key}-{rollout}")
+    return p50_s * math.exp(sigma * rng.gauss(0.0, 1.0))
 
 
 def write_dataset(
@@ -87,20 +92,28 @@ def write_dataset(
     """Write ``rows`` random training payloads and one eval payload per digit.
 
     ``long_tail_p50_s`` > 0 makes the task behave like an agent with slow tools:
-    each training row gets a ``delay_s`` (seeded lognormal, median
-    ``long_tail_p50_s``, p99/p50 ``long_tail_ratio``) that the agent waits after
-    its model call; all rollouts of a row wait the same. The rows themselves
-    (and so the data) are the same as without it.
+    each training row gets a ``long_tail`` entry (its key, median
+    ``long_tail_p50_s``, p99/p50 ``long_tail_ratio``) from which every rollout
+    draws its own seeded lognormal delay to wait after its model call (see
+    ``solve``). The rows themselves (and so the data) are the same as without it.
     """
+    if long_tail_p50_s < 0 or long_tail_ratio < 1:
+        raise ValueError(
+            f"long tail needs long_tail_p50_s >= 0 and long_tail_ratio >= 1, "
+            f"got {long_tail_p50_s!r}, {long_tail_ratio!r}"
+        )
     rng = random.Random(seed)
-    delays = long_tail_delays(rows, p50_s=long_tail_p50_s, ratio=long_tail_ratio, seed=seed)
     Path(train_path).parent.mkdir(parents=True, exist_ok=True)
     with open(train_path, "w") as f:
         for i in range(rows):
             n = rng.randrange(10)
             payload: dict[str, Any] = {"n": n, "answer": str((n + 1) % 10)}
             if long_tail_p50_s > 0:
-                payload["delay_s"] = round(delays[i], 4)
+                payload["long_tail"] = {
+                    "key": f"{seed}-{i}",
+                    "p50_s": long_tail_p50_s,
+                    "ratio": long_tail_ratio,
+                }
             f.write(json.dumps({"payload": payload}) + "\n")
     with open(eval_path, "w") as f:
         for n in range(10):
@@ -109,6 +122,30 @@ def write_dataset(
 
 app = AgentApp()
 _client: FastClient | None = None
+_rollouts_started: Counter[str] = Counter()
+"""Row key -> rollouts of that row started in this process: the next one's index."""
+
+
+def rollout_delay(payload: dict[str, Any]) -> float:
+    """The seconds this rollout waits after its model call (0 without the long tail).
+
+    An explicit ``delay_s`` wins (tests pin delays with it). With ``long_tail``,
+    the k-th rollout of a row started in this process draws delay k of the
+    row's seeded sequence: a group's rollouts wait different, reproducible
+    times (which of them gets which depends only on start order), the way
+    tool latency varies per call rather than per prompt.
+    """
+    if payload.get("delay_s"):
+        return float(payload["delay_s"])
+    tail = payload.get("long_tail")
+    if not tail:
+        return 0.0
+    key = str(tail["key"])
+    k = _rollouts_started[key]
+    _rollouts_started[key] += 1
+    return long_tail_delay(
+        p50_s=float(tail["p50_s"]), ratio=float(tail["ratio"]), key=key, rollout=k
+    )
 
 
 def _http() -> FastClient:
@@ -121,6 +158,7 @@ def _http() -> FastClient:
 @app.entrypoint
 async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     config = payload["_config"]
+    delay = rollout_delay(payload)  # drawn at the start, so the index follows start order
     body: dict[str, Any] = {
         "model": config["model_id"],
         "messages": [
@@ -137,8 +175,8 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     if response.status_code != 200:
         raise RuntimeError(f"gateway answered HTTP {response.status_code}: {response.text[:500]}")
     reply = response.json()["choices"][0]["message"]["content"] or ""
-    if payload.get("delay_s"):  # the long-tail option: a slow tool after the model call
-        await asyncio.sleep(float(payload["delay_s"]))
+    if delay > 0:  # the long-tail option: a slow tool after the model call
+        await asyncio.sleep(delay)
     return {
         "reward": charwise_reward(reply, str(payload["answer"])),
         "metrics": {"reply_chars": float(len(reply.strip()))},
