@@ -157,8 +157,10 @@ def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]
     # and the healthy run learned from it within the same horizon.
     assert start < 0.05 and healthy >= 0.8
     assert final < 0.3
-    if SABOTAGES[sabotage] == ASYNC_OVERRIDES:  # it really ran async, off-policy
-        assert any(r["async/staleness_max"] == 1 for r in records)
+    if SABOTAGES[sabotage] == ASYNC_OVERRIDES:  # it really ran in async mode
+        assert all("async/groups" in r for r in records)
+        if sabotage != "no-weight-sync":  # without syncs the sampler's version never moves: staleness 0
+            assert any(r["async/staleness_max"] == 1 for r in records)  # and trained off-policy
 
 
 @pytest.mark.slow
