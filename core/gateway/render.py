@@ -38,6 +38,7 @@ concatenates them as strings (DeepSeek V3) gets them as JSON text
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections import OrderedDict
@@ -210,11 +211,9 @@ class ChatRenderer:
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": "", "tool_calls": [call]},
         ]
-        try:
+        with contextlib.suppress(TemplateRefused):  # refused: try the arguments as a string
             self.render_text(chat, None, add_generation_prompt=False)
             return False
-        except TemplateRefused:
-            pass
         self.string_arguments = True
         try:
             self.render_text(chat, None, add_generation_prompt=False)

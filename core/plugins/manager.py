@@ -167,13 +167,7 @@ class Plugins:
         spec = self.runtimes.get(name)
         if spec is not None:
             return spec
-        self._raise_if_broken("runtime", name)
-        blocked = self._blocked_message("runtime", name)
-        hint = blocked or f"unknown runtime {name!r}."
-        raise ConfigError(
-            f"{hint} Installed runtimes: {', '.join(self.runtimes.names()) or 'none'}."
-            f"{self._unloaded_note(bool(blocked))}"
-        )
+        raise self._not_found("runtime", name, self.runtimes.names())
 
     def reward(self, name: str) -> RewardSpec:
         """The reward function registered as ``name``.
@@ -185,12 +179,15 @@ class Plugins:
         spec = self.rewards.get(name)
         if spec is not None:
             return spec
-        self._raise_if_broken("reward", name)
-        blocked = self._blocked_message("reward", name)
-        hint = blocked or f"unknown reward {name!r}."
-        raise ConfigError(
-            f"{hint} Installed rewards: {', '.join(self.rewards.names()) or 'none'}."
-            f"{self._unloaded_note(bool(blocked))}"
+        raise self._not_found("reward", name, self.rewards.names())
+
+    def _not_found(self, kind: str, name: str, installed: list[str]) -> ConfigError:
+        """The error for a runtime or reward ``name`` that is not usable (PluginError if its plugin is broken)."""
+        self._raise_if_broken(kind, name)
+        blocked = self._blocked_message(kind, name)
+        hint = blocked or f"unknown {kind} {name!r}."
+        return ConfigError(
+            f"{hint} Installed {kind}s: {', '.join(installed) or 'none'}.{self._unloaded_note(bool(blocked))}"
         )
 
     def check_config(self, cfg: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -63,9 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: listening on {args.host}: anyone who can reach it can read the run's traces", file=sys.stderr)
     print(f"viewing {server.data.run_dir} at {server.url} (Ctrl-C stops)", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is the way to stop it
+            server.serve_forever()
     finally:
         server.server_close()
     return 0

@@ -411,8 +411,8 @@ def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> N
                 result = Runner.run_streamed(
                     agent, "What is 12 * 7 + 1?", run_config=config, auto_previous_response_id=True
                 )
-                async for _ in result.stream_events():
-                    pass
+                events = [event async for event in result.stream_events()]
+                assert events, "the streamed run produced no events"
             else:
                 result = await Runner.run(agent, "What is 12 * 7 + 1?", run_config=config)
             return str(result.final_output)
