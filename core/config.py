@@ -55,27 +55,7 @@ def register_configs(plugins: Plugins) -> None:
     """Store the schema and every plugin's backend/runtime/reward node in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig, provider="tracerl")
-    for spec in plugins.backends:
-        origin = plugins.backends.origin(spec.name)
-        cs.store(
-            group="backend",
-            name=spec.name,
-            node=plugins.backends.node(spec.name),
-            provider=origin.distribution or origin.plugin,
-        )
-    for rspec in plugins.runtimes:
-        origin = plugins.runtimes.origin(rspec.name)
-        cs.store(
-            group="runtime",
-            name=rspec.name,
-            node=plugins.runtimes.node(rspec.name),
-            provider=origin.distribution or origin.plugin,
-        )
-    for wspec in plugins.rewards:
-        origin = plugins.rewards.origin(wspec.name)
-        cs.store(
-            group="reward",
-            name=wspec.name,
-            node=plugins.rewards.node(wspec.name),
-            provider=origin.distribution or origin.plugin,
-        )
+    for group, registry in (("backend", plugins.backends), ("runtime", plugins.runtimes), ("reward", plugins.rewards)):
+        for name in registry.names():
+            origin = registry.origin(name)
+            cs.store(group=group, name=name, node=registry.node(name), provider=origin.distribution or origin.plugin)
