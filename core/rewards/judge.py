@@ -8,6 +8,8 @@ A failed request or an unusable reply is retried (``max_retries``, with
 backoff); when every try fails, the group's rollouts become ``judge_error``.
 Requests run at most ``concurrency`` at once; identical requests are answered
 from a cache (in memory, and in ``cache_path`` when set, which survives runs).
+The cache holds the ``cache_size`` most recently used replies: a long run asks
+the judge about ever new groups, and an unbounded cache would grow with it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +34,11 @@ DEFAULT_RUBRIC = (
     "Score how well each trajectory accomplishes the task: a correct, complete answer "
     "scores near 1, a wrong or missing one near 0."
 )
+
+DEFAULT_CACHE_SIZE = 10_000
+"""Replies the judge cache keeps by default: a group's reply is a few scores, so
+about a few MB at most, while repeats (resumed steps, the same eval set each
+evaluation) come within far fewer requests than this."""
 
 
 @dataclass
@@ -62,6 +70,8 @@ class JudgeRewardConfig(RewardConfig):
     """Most tokens of the judge's reply."""
     cache_path: str = ""
     """JSONL file caching replies across runs; empty: in memory only."""
+    cache_size: int = DEFAULT_CACHE_SIZE
+    """Most replies kept (least recently used dropped first); 0 caches nothing."""
 
 
 class JudgeError(Exception):
@@ -78,22 +88,48 @@ class JudgeReward:
             )
         if int(config.max_retries) < 0 or int(config.concurrency) < 1:
             raise ConfigError("reward.max_retries must be >= 0 and reward.concurrency >= 1")
+        size = config.cache_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError(
+                f"reward.cache_size must be an integer >= 0 (replies kept; 0: no cache), got {size!r}"
+            )
         self.cfg = config
         self.url = str(config.endpoint).rstrip("/") + "/chat/completions"
         self.api_key = os.environ.get(str(config.api_key_env), "") or "EMPTY"
         self._sem = asyncio.Semaphore(int(config.concurrency))
-        self._cache: dict[str, dict[str, float]] = {}
+        self.cache_size = size
+        self._cache: OrderedDict[str, dict[str, float]] = OrderedDict()
         self._cache_file = Path(str(config.cache_path)) if config.cache_path else None
         if self._cache_file is not None and self._cache_file.exists():
-            for line in self._cache_file.read_text().splitlines():
-                try:
-                    entry = json.loads(line)
-                    self._cache[str(entry["key"])] = {str(k): float(v) for k, v in entry["scores"].items()}
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    continue  # a torn line: that request is asked again
+            self._load_cache_file(self._cache_file)
         self._client: Any = None
         self.requests = 0
         """Requests sent (cache hits are not)."""
+
+    def _remember(self, key: str, scores: dict[str, float]) -> None:
+        """Cache ``scores`` as the newest entry, dropping the least recently used past ``cache_size``."""
+        if self.cache_size == 0:
+            return
+        self._cache[key] = scores
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _load_cache_file(self, path: Path) -> None:
+        """Read the newest ``cache_size`` replies of ``path``; rewrite it when it holds
+        more than twice that (its lines are only ever appended, so it would grow
+        without end across runs)."""
+        lines = path.read_text().splitlines()
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                self._remember(str(entry["key"]), {str(k): float(v) for k, v in entry["scores"].items()})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # a torn line: that request is asked again
+        if self.cache_size and len(lines) > 2 * self.cache_size:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps({"key": k, "scores": v}) + "\n" for k, v in self._cache.items()))
+            os.replace(tmp, path)
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -141,6 +177,7 @@ class JudgeReward:
         ids = [f"t{i + 1}" for i in range(len(group))]
         cached = self._cache.get(key)
         if cached is not None and all(i in cached for i in ids):
+            self._cache.move_to_end(key)
             return [cached[i] for i in ids]
         delay = float(self.cfg.retry_backoff_s)
         errors: list[str] = []
@@ -157,8 +194,8 @@ class JudgeReward:
                     ) from None
                 await asyncio.sleep(delay)
                 delay *= 2
-        self._cache[key] = scores
-        if self._cache_file is not None:
+        self._remember(key, scores)
+        if self._cache_file is not None and self.cache_size > 0:
             self._cache_file.parent.mkdir(parents=True, exist_ok=True)
             with self._cache_file.open("a") as f:
                 f.write(json.dumps({"key": key, "scores": scores}) + "\n")

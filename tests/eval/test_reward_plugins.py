@@ -193,6 +193,39 @@ def test_judge_retries_caches_and_reports_failures(tmp_path: Path) -> None:
     assert [o.result.reward for o in out] == pytest.approx([3 / 9, 1.0, 0.0, 6 / 9])
 
 
+def test_judge_cache_keeps_only_the_most_recently_used_replies(tmp_path: Path) -> None:
+    """The judge's cache is an LRU of ``reward.cache_size`` replies (it grew without bound),
+    and its cache file is cut back to them once it holds more than twice as many."""
+    outcomes = [_outcome(str(d), {"q": q}, group=f"g{q}") for q, d in enumerate([1, 2, 3, 4])]
+    cache = tmp_path / "cache.jsonl"
+
+    async def ask(judge: JudgeReward, *which: int) -> None:
+        for q in which:
+            o = outcomes[q]
+            await judge.score([RewardInput("r", o.request.group_id, o.request.payload, o.result, o.rows, o.conversation)])
+        await judge.aclose()
+
+    with ScriptedOpenAI(_judge_scores) as server:
+        config = OmegaConf.structured(
+            JudgeRewardConfig(endpoint=server.base_url, model="j", cache_size=2, cache_path=str(cache))
+        )
+        judge = JudgeReward(config)
+        asyncio.run(ask(judge, 0, 1, 0, 2))  # g0 used again after g1: g1 is dropped for g2
+        assert judge.requests == 3 and len(judge._cache) == 2
+        asyncio.run(ask(judge, 0, 2))
+        assert judge.requests == 3  # both still cached
+        asyncio.run(ask(judge, 1))
+        assert judge.requests == 4  # g1 was evicted, so it is asked again
+        asyncio.run(ask(judge, 3))
+        assert len(cache.read_text().splitlines()) == 5  # appended: more than twice cache_size
+        reloaded = JudgeReward(config)
+        assert len(reloaded._cache) == 2 and len(cache.read_text().splitlines()) == 2
+        asyncio.run(ask(reloaded, 3, 1))
+        assert reloaded.requests == 0  # the two newest replies survived the rewrite
+    with pytest.raises(ConfigError, match="reward.cache_size must be an integer >= 0"):
+        JudgeReward(OmegaConf.structured(JudgeRewardConfig(endpoint="http://x/v1", model="j", cache_size=-1)))
+
+
 def _loop_cfg(tmp_path: Path, *extra: str, agent: str = "core.tasks.succ_digit:app") -> tuple[Any, Any]:
     plugins = load_plugins(extra_plugins=(fake_backend_plugin(),))
     cfg = compose(
