@@ -5,7 +5,8 @@ a prompt of which ``c`` pass, ``1 - C(n-c, k) / C(n, k)``, averaged over prompts
 A sample passes when it finished ``ok`` with ``reward >= pass_threshold``; a failed
 rollout never passes and counts as reward 0 in ``mean@k`` (the mean reward of all
 samples of a prompt, averaged over prompts), while ``reward_mean`` averages the
-``ok`` rollouts only (as the training loop's ``eval/reward_mean`` always has).
+``ok`` rollouts only (as the training loop's ``eval/reward_mean`` always has),
+and so do the ``reward/<component>`` means; failed rollouts are counted in ``failed``.
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ def summarize(rows: Sequence[EvalRow], *, pass_threshold: float = 1.0) -> dict[s
         summary[f"mean@{n}"] = sum(means) / len(means)
     components: dict[str, list[float]] = {}
     for row in rows:
+        if not row.ok:
+            # A failed rollout's components (the agent's own reward/<name> metrics of a
+            # rollout later excluded) say nothing valid: it is counted in ``failed``, as
+            # ``reward_mean`` leaves it out (the training loop's component means do too).
+            continue
         for name, value in row.components.items():
             components.setdefault(name, []).append(value)
     for name, values in sorted(components.items()):

@@ -61,6 +61,19 @@ def test_summary_counts_pass_mean_and_failures() -> None:
     assert summarize(rows, pass_threshold=0.5)["pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
 
 
+def test_summary_component_means_leave_failed_rollouts_out() -> None:
+    """A failed rollout that still carries a component (the agent's own ``reward/format``
+    metric of a rollout later excluded as ``sampler_error``) is counted in ``failed``,
+    not averaged into ``reward/format``: it was, while ``reward_mean`` left it out."""
+    rows = [_row(0, 0, 1.0), _row(0, 1, 0.0), _row(0, 2, None, "sampler_error")]
+    rows[0].components, rows[1].components = {"format": 1.0}, {"format": 0.5, "judge": 0.25}
+    rows[2].components = {"format": 0.0, "judge": 1.0}
+    s = summarize(rows)
+    assert s["reward/format"] == pytest.approx(0.75) and s["reward/judge"] == pytest.approx(0.25)
+    assert s["failed"] == 1 and s["reward_mean"] == pytest.approx(0.5)
+    assert not any(k.startswith("reward/") for k in summarize(rows[2:]))  # no ok rollout: no mean
+
+
 def test_compare_prints_per_prompt_differences(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = [_row(0, 0, 0.0), _row(0, 1, 0.0), _row(1, 0, 1.0), _row(1, 1, 1.0), _row(2, 0, 1.0), _row(2, 1, 0.0)]
     b = [_row(0, 0, 1.0), _row(0, 1, 1.0), _row(1, 0, 1.0), _row(1, 1, None, "crashed"), _row(2, 0, 1.0), _row(2, 1, 0.0)]
