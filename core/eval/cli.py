@@ -1,8 +1,9 @@
 """What ``python -m core.eval`` does with a composed config: build, run, write, print.
 
-Besides ``results.jsonl`` and ``summary.json``, an evaluation through the gateway
-stores its rollouts as the training loop stores an evaluation (``traces/``), so
-``python -m core.view OUTPUT_DIR`` shows every conversation and token.
+Besides ``results.jsonl`` and ``summary.json``, an evaluation stores its rollouts
+as the training loop stores an evaluation (``traces/``), so ``python -m core.view
+OUTPUT_DIR`` shows every rollout's status, reward and error, and through the
+gateway its conversation and tokens too.
 """
 
 from __future__ import annotations
@@ -111,10 +112,11 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
     summary["model"] = model
     summary["checkpoint"] = str(ev.checkpoint) or None
     write_rows(out / "results.jsonl", rows)
-    if decode is not None:  # the rollouts for python -m core.view OUTPUT_DIR (no trace without a gateway)
-        from core.trainer.traces import TraceWriter
+    # The rollouts for python -m core.view OUTPUT_DIR. Against an endpoint there is no
+    # gateway, so no rows or conversation, but status, reward, components and errors.
+    from core.trainer.traces import TraceWriter
 
-        TraceWriter(out, 1, decode).write_step(0, outcomes, {}, kind="eval")
+    TraceWriter(out, 1, decode).write_step(0, outcomes, {}, kind="eval")
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
     summary["output_dir"] = str(out)
     return summary

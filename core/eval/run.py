@@ -16,13 +16,13 @@ import asyncio
 import math
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
 from core.eval.results import EvalRow, k_values, payload_key, summarize
-from core.trainer.rollouts import RolloutOutcome
-from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams
+from core.trainer.rollouts import DEFAULT_MAX_ABS_REWARD, RolloutOutcome, classify, run_groups
+from core.types import RolloutRequest, RolloutStatus, SamplingParams
 
 __all__ = ["EndpointRunner", "eval_metrics", "outcome_row", "run_eval"]
 
@@ -43,8 +43,8 @@ class EndpointRunner:
     """Most rollouts at once."""
     timeout_s: float
     """Deadline of one rollout."""
-    max_abs_reward: float = 1e9
-    """Rewards larger in magnitude are ``invalid_reward``."""
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD
+    """Rewards larger in magnitude are ``invalid_reward`` (``classify``)."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -74,14 +74,9 @@ class EndpointRunner:
         )
         async with self._sem:
             result = await self.runtime.run_rollout(request)
-        if result.status is RolloutStatus.OK and abs(float(result.reward or 0.0)) > self.max_abs_reward:
-            result = RolloutResult(
-                rollout_id,
-                RolloutStatus.INVALID_REWARD,
-                metrics=result.metrics,
-                error=f"reward {result.reward!r} is larger than trainer.max_abs_reward={self.max_abs_reward!r}",
-                elapsed_s=result.elapsed_s,
-            )
+        # The checks an in-process evaluation's rollout meets, but those that need the
+        # gateway's view of the session (its faults, whether the model was called).
+        result = classify(result, None, max_abs_reward=self.max_abs_reward)
         return RolloutOutcome(request=request, result=result, rows=[])
 
     async def run_groups(
@@ -93,25 +88,7 @@ class EndpointRunner:
         on_done: Callable[[RolloutOutcome], None] | None = None,
     ) -> list[RolloutOutcome]:
         """``group_size`` rollouts of each ``(group_id, payload)``, in order (as ``RolloutRunner``)."""
-
-        async def one(group_id: str, payload: dict[str, Any], seed: int | None) -> RolloutOutcome:
-            outcome = await self.run_one(payload, group_id=group_id, sampling=replace(sampling, seed=seed))
-            if on_done is not None:
-                on_done(outcome)
-            return outcome
-
-        def seed_of(index: int) -> int | None:
-            return None if sampling.seed is None else (sampling.seed + 7_919 * index) % (2**63)
-
-        return list(
-            await asyncio.gather(
-                *(
-                    one(gid, p, seed_of(i * group_size + k))
-                    for i, (gid, p) in enumerate(payloads)
-                    for k in range(group_size)
-                )
-            )
-        )
+        return await run_groups(self.run_one, payloads, group_size=group_size, sampling=sampling, on_done=on_done)
 
 
 def outcome_row(prompt: int, sample: int, payload: dict[str, Any], outcome: RolloutOutcome) -> EvalRow:

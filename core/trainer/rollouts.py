@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -163,7 +163,7 @@ def check_exclude_on(names: Iterable[str]) -> frozenset[str]:
 
 def classify(
     result: RolloutResult,
-    faults: dict[str, int],
+    faults: Mapping[str, int] | None,
     *,
     exclude_on: frozenset[str] = frozenset(DEFAULT_EXCLUDE_ON),
     max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
@@ -179,6 +179,9 @@ def classify(
       returned): the reward was earned on a broken turn;
     - ``no_model_calls`` when the session recorded no turn: nothing to train, and
       the reward says nothing about the policy.
+
+    ``faults`` None: no gateway saw the rollout (an evaluation against
+    ``eval.endpoint``), so only the reward bound can be checked.
     """
     if result.status is not RolloutStatus.OK:
         return result
@@ -190,6 +193,8 @@ def classify(
             f"the agent's reward {reward!r} is larger in magnitude than trainer.max_abs_reward="
             f"{max_abs_reward!r}; rescale the reward or raise the bound",
         )
+    if faults is None:
+        return result
     hits = {
         name: int(faults.get(counter, 0))
         for name, counter in EXCLUDE_ON_CHOICES.items()
@@ -395,22 +400,42 @@ class RolloutRunner:
         on_done: Callable[[RolloutOutcome], None] | None = None,
     ) -> list[RolloutOutcome]:
         """``group_size`` rollouts of each ``(group_id, payload)``, all concurrently."""
+        return await run_groups(
+            self.run_one, payloads, group_size=group_size, sampling=sampling, on_done=on_done
+        )
 
-        async def one(group_id: str, payload: dict[str, Any], seed: int | None) -> RolloutOutcome:
-            outcome = await self.run_one(
-                payload, group_id=group_id, sampling=replace(sampling, seed=seed)
-            )
-            if on_done is not None:
-                on_done(outcome)
-            return outcome
 
-        def seed_of(index: int) -> int | None:
-            # Reproducible runs: rollout i of a seeded call gets its own stream.
-            return None if sampling.seed is None else (sampling.seed + 7_919 * index) % (2**63)
+RunOne = Callable[..., Awaitable[RolloutOutcome]]
+"""A runner's ``run_one(payload, *, group_id, sampling)``."""
 
-        tasks = [
-            one(gid, p, seed_of(i * group_size + k))
-            for i, (gid, p) in enumerate(payloads)
-            for k in range(group_size)
-        ]
-        return list(await asyncio.gather(*tasks))
+
+async def run_groups(
+    run_one: RunOne,
+    payloads: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    group_size: int,
+    sampling: SamplingParams,
+    on_done: Callable[[RolloutOutcome], None] | None = None,
+) -> list[RolloutOutcome]:
+    """``group_size`` rollouts of each ``(group_id, payload)`` through ``run_one``, all
+    concurrently, in order; what both ``RolloutRunner`` and the eval's ``EndpointRunner`` do.
+
+    A seeded ``sampling`` gives rollout i its own seed (``seed + 7919 * i``), so a run
+    repeats and no two samples of a prompt share a stream.
+    """
+
+    async def one(group_id: str, payload: dict[str, Any], seed: int | None) -> RolloutOutcome:
+        outcome = await run_one(payload, group_id=group_id, sampling=replace(sampling, seed=seed))
+        if on_done is not None:
+            on_done(outcome)
+        return outcome
+
+    def seed_of(index: int) -> int | None:
+        return None if sampling.seed is None else (sampling.seed + 7_919 * index) % (2**63)
+
+    tasks = [
+        one(gid, p, seed_of(i * group_size + k))
+        for i, (gid, p) in enumerate(payloads)
+        for k in range(group_size)
+    ]
+    return list(await asyncio.gather(*tasks))

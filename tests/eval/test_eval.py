@@ -20,10 +20,12 @@ from core.errors import ConfigError
 from core.eval import EvalRow, compare_rows, k_values, pass_at_k, read_rows, summarize, write_rows
 from core.eval.cli import evaluate_config
 from core.eval.compare import compare_main
+from core.eval.run import EndpointRunner
 from core.plugins import load_plugins
 from core.testing.fakes import compose, fake_backend_plugin
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
+from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams
 from core.view.data import RunData
 
 HERE = Path(__file__).parent
@@ -184,3 +186,36 @@ def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path: Path) -> None:
     assert {r.prompt: r.reward for r in rows} == {p: (1.0 if p % 2 == 0 else 0.0) for p in range(10)}
     assert "pass@2" in proc.stdout and "reward_mean" in proc.stdout
     assert math.isclose(float(proc.stdout.split("reward_mean")[1].split()[0]), 0.5)
+    # Stored for the viewer as the in-process evaluation's rollouts are (it wrote none):
+    # no conversation or tokens without a gateway, but status and reward per rollout.
+    stored = RunData(tmp_path).step("eval", 0)["rollouts"]
+    assert len(stored) == 20 and {r["status"] for r in stored} == {"ok"}
+    assert sorted(r["reward"] for r in stored) == [0.0] * 10 + [1.0] * 10
+    assert RunData(tmp_path).rollout("eval", 0, stored[0]["rollout_id"])["rows"] == []
+
+
+def test_endpoint_rollouts_meet_the_reward_bound_of_classify() -> None:
+    """``EndpointRunner`` checks a result with ``classify`` (the in-process runner's
+    checks) instead of its own copy of the reward bound; with no gateway there are no
+    session faults, so an ok rollout with a sane reward stays ok. The runtime is a
+    stand-in returning fixed results: the runner's handling is what is tested."""
+
+    class Fixed:
+        def __init__(self) -> None:
+            self.seen: list[RolloutRequest] = []
+
+        async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
+            self.seen.append(request)
+            reward = 1e12 if request.payload["n"] else 0.5
+            return RolloutResult(request.rollout_id, RolloutStatus.OK, reward=reward, metrics={"reward/x": 1.0})
+
+    runtime = Fixed()
+    runner = EndpointRunner(runtime=runtime, base_url="http://127.0.0.1:9/v1", model_id="m", api_key="k",
+                            max_concurrency=2, timeout_s=5.0, max_abs_reward=10.0)
+    out = asyncio.run(runner.run_groups([("g0", {"n": 0}), ("g1", {"n": 1})], group_size=2,
+                                        sampling=SamplingParams(max_tokens=4, seed=3)))
+    assert [o.result.status for o in out] == [RolloutStatus.OK] * 2 + [RolloutStatus.INVALID_REWARD] * 2
+    assert out[0].result.reward == 0.5 and out[2].result.reward is None
+    assert "larger in magnitude than trainer.max_abs_reward=10.0; rescale the reward" in str(out[2].result.error)
+    # Seeded like RolloutRunner.run_groups: rollout i gets seed + 7919 i, in order.
+    assert [r.sampling_params["seed"] for r in runtime.seen] == [3 + 7_919 * i for i in range(4)]
