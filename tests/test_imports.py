@@ -22,6 +22,7 @@ LIGHT_MODULES = [
     "core.tokenizer",
     "core.gateway",
     "core.runtime",
+    "core.runtime.ray",
     "core.agent",
 ]
 
@@ -69,5 +70,20 @@ def test_a_gateway_with_the_tiny_tokenizer_does_not_import_torch() -> None:
         "print(json.dumps(sorted(m for m in ('torch',) if m in sys.modules)))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_building_runtime_ray_does_not_import_ray() -> None:
+    """``runtime=ray`` composes and builds without ray (optional extra ``tracerl[ray]``):
+    ray is imported by ``start()`` only."""
+    code = (
+        "import json, sys\n"
+        "from core.testing import build_runtime\n"
+        "rt = build_runtime('ray', ['task.agent=core.testing.conformance_agent:app'])\n"
+        "assert type(rt).__name__ == 'RayRuntime'\n"
+        "print(json.dumps(sorted(m for m in ('ray',) if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

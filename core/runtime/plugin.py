@@ -1,4 +1,4 @@
-"""Core's own plugin: registers the built-in ``local`` and ``agentcore`` runtimes."""
+"""Core's own plugin: registers the built-in ``local``, ``agentcore`` and ``ray`` runtimes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from core.plugins.hookspecs import hookimpl
 from core.plugins.registry import RuntimeRegistry, RuntimeSpec
 from core.runtime.agentcore.config import AgentCoreRuntimeConfig
 from core.runtime.config import LocalRuntimeConfig
+from core.runtime.ray.config import RayRuntimeConfig
 
 
 def _make_local(cfg: Any) -> Any:
@@ -21,6 +22,13 @@ def _make_agentcore(cfg: Any) -> Any:
     from core.runtime.agentcore.runtime import AgentCoreRuntime
 
     return AgentCoreRuntime.from_config(cfg)
+
+
+def _make_ray(cfg: Any) -> Any:
+    # Lazy: ray is an optional extra (tracerl[ray]); core must import without it.
+    from core.runtime.ray.runtime import RayRuntime
+
+    return RayRuntime.from_config(cfg)
 
 
 @hookimpl
@@ -39,5 +47,13 @@ def tracerl_register_runtimes(registry: RuntimeRegistry) -> None:
             factory=_make_agentcore,
             config=AgentCoreRuntimeConfig,
             description="one AWS Bedrock AgentCore Runtime session per rollout (boto3; TPS-limited)",
+        )
+    )
+    registry.add(
+        RuntimeSpec(
+            name="ray",
+            factory=_make_ray,
+            config=RayRuntimeConfig,
+            description="agent actors on a Ray cluster, placed by resources and labels (tracerl[ray])",
         )
     )

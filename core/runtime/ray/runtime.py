@@ -1,0 +1,502 @@
+"""The ``ray`` runtime: agent sessions on a Ray cluster (``runtime=ray``).
+
+Defines ``RayRuntime`` (a ``core.interfaces.RolloutRuntime``).
+
+Ray does the cluster work: it places ``num_actors`` ``AgentHost`` actors by
+resources, labels and strategy, carries requests and results, and recreates an
+actor whose process or node died (``max_restarts``). Each actor runs the
+user's agent app as ``runtime=local`` does, on its own node, so every agent
+fault has the same status on both runtimes. This driver side only picks the
+least busy actor, maps Ray's errors (a dead actor, a lost node) to failed
+results, forwards cancellation and kills its actors on ``aclose``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import ConfigError, RuntimeStartError
+from core.runtime._results import failed
+from core.runtime.config import LocalRuntimeConfig
+from core.runtime.ray._preflight import check_gateway_reachable
+from core.runtime.ray.config import RayRuntimeConfig
+from core.types import RolloutRequest, RolloutResult, RolloutStatus
+
+logger = logging.getLogger("core.runtime.ray")
+
+ACTOR_PREFIX = "tracerl-agent-"
+"""Names of the agent actors start with this (then the runtime's id and the actor index)."""
+
+_PASSED_TO_LOCAL = (
+    "startup_timeout_s",
+    "python",
+    "max_restarts",
+    "result_channel",
+    "poll_interval_s",
+    "s3_bucket",
+    "s3_endpoint_url",
+    "s3_exp_id",
+)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            "runtime=ray needs Ray: pip install 'tracerl[ray]' (or pip install 'ray>=2.40') "
+            "on the trainer and on every node of the cluster"
+        ) from exc
+    return ray
+
+
+@dataclass
+class _Slot:
+    """One agent actor as the driver tracks it."""
+
+    index: int
+    name: str
+    handle: Any
+    in_flight: int = 0
+    healthy: bool = True
+    """False from a failure until the actor answers ``ready`` again (Ray is recreating it)."""
+    dead: bool = False
+    """Ray gave up on it (restarts used up): no rollout goes there again."""
+    node_id: str = ""
+
+
+class RayRuntime:
+    """Runs rollouts on agent actors in a Ray cluster.
+
+    Example:
+        >>> rt = RayRuntime("examples.math_agent.agent:app", address="auto", num_actors=4)
+        >>> await rt.start()
+        >>> result = await rt.run_rollout(request)
+        >>> await rt.aclose()
+
+    Args:
+        agent: The agent app as ``module:attribute`` (importable on the nodes).
+        config: Runtime settings; keyword ``overrides`` replace single fields.
+        env: Extra environment variables for the agent processes.
+        gateway_host: The host agents dial (``gateway.public_host`` or ``gateway.host``),
+            checked at start against the cluster's node IPs.
+        **overrides: Any ``RayRuntimeConfig`` field, e.g. ``num_actors=4``.
+
+    Raises:
+        ConfigError: ``agent`` is not ``module:attribute`` or a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        *,
+        config: RayRuntimeConfig | None = None,
+        env: dict[str, str] | None = None,
+        gateway_host: str = "",
+        **overrides: Any,
+    ) -> None:
+        known = {f.name for f in dataclasses.fields(RayRuntimeConfig)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ConfigError(f"unknown RayRuntime settings {sorted(unknown)!r}; known: {sorted(known)!r}")
+        self.config = dataclasses.replace(config or RayRuntimeConfig(), **overrides)
+        module, sep, attr = agent.partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError(
+                f"the agent must be 'module:attribute' (e.g. 'examples.math_agent.agent:app'), got {agent!r}"
+            )
+        self._validate()
+        self.agent = agent
+        self.env = dict(env or {})
+        self.gateway_host = gateway_host
+        self.run_id = uuid.uuid4().hex[:8]
+        self._ray: Any = None
+        self._own_connection = False
+        self._slots: list[_Slot] = []
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._cancelled: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self.rollouts_per_node: Counter[str] = Counter()
+        """Rollouts that came back from each node id (placement, for metrics and tests)."""
+        self._started = False
+        self._closed = False
+
+    def _validate(self) -> None:
+        c = self.config
+        if c.num_actors < 1 or c.agents_per_actor < 1 or c.processes_per_actor < 1:
+            raise ConfigError(
+                "runtime.num_actors, runtime.agents_per_actor and runtime.processes_per_actor "
+                f"must be >= 1, got {c.num_actors!r}, {c.agents_per_actor!r} and {c.processes_per_actor!r}"
+            )
+        amounts = {"num_cpus_per_agent": c.num_cpus_per_agent, "memory_per_agent_mb": c.memory_per_agent_mb}
+        amounts.update({f"resources_per_agent.{k}": v for k, v in c.resources_per_agent.items()})
+        for key, value in amounts.items():
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"runtime.{key} must be a number >= 0, got {value!r}")
+        if c.scheduling_strategy not in ("SPREAD", "DEFAULT"):
+            raise ConfigError(
+                f"runtime.scheduling_strategy must be 'SPREAD' or 'DEFAULT', got {c.scheduling_strategy!r}"
+            )
+        if c.result_channel not in ("http", "s3"):
+            raise ConfigError(f"runtime.result_channel must be 'http' or 's3', got {c.result_channel!r}")
+        if c.result_channel == "s3" and not c.s3_bucket:
+            raise ConfigError("runtime.result_channel=s3 needs runtime.s3_bucket")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RayRuntime:
+        """Build from the composed config: ``cfg.runtime``, ``cfg.task.agent``/``agent_env``, ``cfg.gateway``."""
+        agent = str(cfg.task.agent or "")
+        if not agent:
+            raise ConfigError(
+                "task.agent is empty; set it to the agent app, e.g. task.agent=my_agent:app"
+            )
+        from omegaconf import OmegaConf
+
+        names = {f.name for f in dataclasses.fields(RayRuntimeConfig)}
+        node = cfg.runtime
+        values = {k: node[k] for k in names if k in node}
+        for key in ("resources_per_agent", "label_selector", "runtime_env"):
+            if key in values and not isinstance(values[key], dict):
+                values[key] = OmegaConf.to_container(values[key], resolve=True)
+        env = {str(k): str(v) for k, v in dict(cfg.task.get("agent_env") or {}).items()}
+        gateway = cfg.get("gateway") if hasattr(cfg, "get") else None
+        host = str(gateway.get("public_host") or gateway.get("host") or "") if gateway is not None else ""
+        return cls(agent, config=RayRuntimeConfig(**values), env=env, gateway_host=host)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def actor_names(self) -> list[str]:
+        """Names of this runtime's actors (in ``config.namespace``)."""
+        return [s.name for s in self._slots]
+
+    @property
+    def actors(self) -> list[Any]:
+        """The actor handles (for inspection and fault tests)."""
+        return [s.handle for s in self._slots]
+
+    def _connect(self) -> Any:
+        ray = _import_ray()
+        c = self.config
+        if ray.is_initialized():
+            return ray
+        kwargs: dict[str, Any] = {
+            "namespace": c.namespace,
+            "logging_level": logging.WARNING,
+            "log_to_driver": False,
+        }
+        if c.address:
+            kwargs["address"] = c.address
+        else:
+            kwargs["include_dashboard"] = False
+            if c.num_cpus:
+                kwargs["num_cpus"] = c.num_cpus
+            if c.object_store_memory_mb:
+                kwargs["object_store_memory"] = int(c.object_store_memory_mb) * 2**20
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {c.address!r}" if c.address else "a local Ray"
+            raise RuntimeStartError(
+                f"could not connect to {where}: {exc}. Check runtime.address (auto, "
+                "ray://head:10001 or host:6379), or leave it empty to start Ray here"
+            ) from exc
+        self._own_connection = True
+        return ray
+
+    def _actor_options(self, index: int) -> dict[str, Any]:
+        c = self.config
+        n = c.agents_per_actor
+        options: dict[str, Any] = {
+            "name": f"{ACTOR_PREFIX}{self.run_id}-{index}",
+            "namespace": c.namespace,
+            "num_cpus": c.num_cpus_per_agent * n,
+            "max_restarts": c.max_actor_restarts,
+            "max_task_retries": 0,  # a rollout is not idempotent: it fails, the trainer decides
+            "max_concurrency": n + 16,  # run calls plus cancel/ready/shutdown
+            "lifetime": None,
+        }
+        if c.memory_per_agent_mb:
+            options["memory"] = int(c.memory_per_agent_mb * n * 2**20)
+        if c.resources_per_agent:
+            options["resources"] = {k: float(v) * n for k, v in c.resources_per_agent.items()}
+        if c.label_selector:
+            options["label_selector"] = {str(k): str(v) for k, v in c.label_selector.items()}
+        if c.scheduling_strategy != "DEFAULT":
+            options["scheduling_strategy"] = c.scheduling_strategy
+        if c.runtime_env:
+            options["runtime_env"] = dict(c.runtime_env)
+        return options
+
+    def _local_config(self) -> LocalRuntimeConfig:
+        c = self.config
+        values = {k: getattr(c, k) for k in _PASSED_TO_LOCAL}
+        return LocalRuntimeConfig(
+            num_processes=c.processes_per_actor, max_concurrency=c.agents_per_actor, **values
+        )
+
+    async def start(self) -> None:
+        """Join (or start) Ray, check the gateway's address, create the actors and wait for them.
+
+        Raises:
+            ConfigError: Ray is missing, or the gateway is loopback while nodes are elsewhere.
+            RuntimeStartError: Ray is unreachable, or an actor did not come up in
+                ``startup_timeout_s`` (no node fits its resources/labels, or its agent
+                servers failed; the message says which).
+        """
+        if self._started:
+            return
+        if self._closed:
+            raise RuntimeStartError("this RayRuntime was closed; create a new one")
+        ray = self._ray = self._connect()
+        try:
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            check_gateway_reachable(
+                self.gateway_host,
+                node_ips=[str(n.get("NodeManagerAddress") or "") for n in alive],
+                driver_ip=ray.util.get_node_ip_address(),
+            )
+            from core.runtime.ray._host import AgentHost
+
+            cls = ray.remote(AgentHost)
+            local = self._local_config()
+            for i in range(self.config.num_actors):
+                options = self._actor_options(i)
+                handle = cls.options(**options).remote(self.agent, local, self.env)
+                self._slots.append(_Slot(i, options["name"], handle))
+            await self._wait_ready()
+        except BaseException:
+            await self._shutdown()
+            raise
+        self._started = True
+
+    async def _wait_ready(self) -> None:
+        ray = self._ray
+        timeout = self.config.startup_timeout_s
+        refs = [s.handle.ready.remote() for s in self._slots]
+        done, pending = await asyncio.wait(
+            [asyncio.ensure_future(_awaitable(r)) for r in refs], timeout=timeout
+        )
+        for fut in pending:
+            fut.cancel()
+        if pending:
+            need = self._actor_options(0)
+            raise RuntimeStartError(
+                f"{len(pending)} of {len(refs)} agent actors were not ready within "
+                f"runtime.startup_timeout_s={timeout:g}s. Each asks for "
+                f"num_cpus={need['num_cpus']:g}, resources={need.get('resources', {})!r}, "
+                f"label_selector={need.get('label_selector', {})!r}; the cluster has "
+                f"{ray.available_resources()!r} available. Lower runtime.num_cpus_per_agent or "
+                "runtime.agents_per_actor, fix the labels, or add nodes"
+            )
+        errors = [exc for fut in done if (exc := fut.exception()) is not None]
+        if errors:
+            raise RuntimeStartError(f"an agent actor failed to start: {_cause(errors[0])}")
+        infos = [await _awaitable(r) for r in refs]
+        for slot, info in zip(self._slots, infos, strict=True):
+            slot.node_id = str(info.get("node_id", ""))
+
+    async def aclose(self) -> None:
+        """Cancel rollouts in flight, stop and kill every actor, leave Ray if we joined it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for rollout_id, task in list(self._tasks.items()):
+            self._cancelled.add(rollout_id)
+            task.cancel()
+        await asyncio.sleep(0)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        ray = self._ray
+        if ray is not None and self._slots:
+            # Only actors that came up have agent servers to stop; one still waiting for a
+            # node would hold the stop call until the timeout.
+            started = [s for s in self._slots if s.node_id]
+            stops = [asyncio.ensure_future(_awaitable(s.handle.shutdown.remote())) for s in started]
+            if stops:
+                await asyncio.wait(stops, timeout=10.0)
+            for fut in stops:
+                if not fut.done():
+                    fut.cancel()
+                elif not fut.cancelled():
+                    fut.exception()  # retrieved: a dead actor cannot stop, it is killed below
+            for slot in self._slots:
+                try:
+                    ray.kill(slot.handle, no_restart=True)
+                except Exception as exc:  # already gone: nothing to leave behind
+                    logger.debug("ray.kill(%s): %r", slot.name, exc)
+        self._slots = []
+        if ray is not None and self._own_connection:
+            ray.shutdown()
+            self._own_connection = False
+        self._started = False
+
+    # -- rollouts ---------------------------------------------------------------------
+
+    async def cancel(self, rollout_id: str) -> None:
+        """Stop a rollout in flight; its ``run_rollout`` returns ``CRASHED`` with ``cancelled``."""
+        task = self._tasks.get(rollout_id)
+        if task is not None and not task.done():
+            self._cancelled.add(rollout_id)
+            task.cancel()
+
+    def _pick(self) -> _Slot | None:
+        """The least busy actor, preferring ones not being recreated; None when all are dead."""
+        live = [s for s in self._slots if not s.dead]
+        if not live:
+            return None
+        healthy = [s for s in live if s.healthy] or live
+        return min(healthy, key=lambda s: s.in_flight)
+
+    async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
+        """Run one rollout on an actor; never raises for agent, actor or node faults."""
+        rid = request.rollout_id
+        if not self._started or self._closed:
+            state = "closed" if self._closed else "not started; await runtime.start() first"
+            return failed(rid, RolloutStatus.REJECTED, f"the ray runtime is {state}", 0.0)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[rid] = task
+        t0 = time.monotonic()
+        slot = self._pick()
+        if slot is None:
+            self._tasks.pop(rid, None)
+            return failed(
+                rid,
+                RolloutStatus.CRASHED,
+                "no agent actor is left: Ray recreated each one runtime.max_actor_restarts="
+                f"{self.config.max_actor_restarts} times; see the Ray logs on the nodes",
+                0.0,
+            )
+        slot.in_flight += 1
+        ref = slot.handle.run.remote(request)
+        try:
+            try:
+                async with asyncio.timeout(request.timeout_s + self.config.call_grace_s):
+                    result, node_id = await _awaitable(ref)
+            except TimeoutError:
+                self._ray.cancel(ref)
+                return failed(
+                    rid,
+                    RolloutStatus.TIMEOUT,
+                    f"agent actor {slot.index} did not answer within the rollout's "
+                    f"{request.timeout_s:g}s timeout plus runtime.call_grace_s="
+                    f"{self.config.call_grace_s:g}s",
+                    time.monotonic() - t0,
+                )
+            except asyncio.CancelledError:
+                if rid not in self._cancelled:
+                    raise
+                self._forward_cancel(slot, rid)
+                return failed(
+                    rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0
+                )
+            except Exception as exc:
+                return self._actor_failure(slot, rid, exc, t0)
+            if not isinstance(result, RolloutResult):  # a mismatched tracerl on the node
+                return failed(
+                    rid,
+                    RolloutStatus.CRASHED,
+                    f"agent actor {slot.index} answered {type(result).__name__}, not a RolloutResult; "
+                    "install the same tracerl version on the trainer and the nodes",
+                    time.monotonic() - t0,
+                )
+            self.rollouts_per_node[str(node_id)] += 1
+            return dataclasses.replace(result, elapsed_s=time.monotonic() - t0)
+        finally:
+            slot.in_flight -= 1
+            self._tasks.pop(rid, None)
+            self._cancelled.discard(rid)
+
+    def _forward_cancel(self, slot: _Slot, rollout_id: str) -> None:
+        try:
+            slot.handle.cancel.remote(rollout_id)
+        except Exception as exc:  # the actor is gone: nothing runs there to stop
+            logger.debug("cancel on %s: %r", slot.name, exc)
+
+    def _actor_failure(self, slot: _Slot, rid: str, exc: Exception, t0: float) -> RolloutResult:
+        """A failed result for a rollout whose actor (or its node) failed; watch the actor."""
+        ray = self._ray
+        errors = ray.exceptions
+        elapsed = time.monotonic() - t0
+        where = f"agent actor {slot.index} ({slot.name}, node {slot.node_id[:12] or '?'})"
+        if isinstance(exc, errors.RayActorError):
+            slot.healthy = False
+            self._watch(slot)
+            what = f"{where} died or became unreachable mid-rollout (its process or node was lost)"
+            return failed(rid, RolloutStatus.CRASHED, f"{what}; Ray recreates it. {_cause(exc)}", elapsed)
+        if isinstance(exc, errors.TaskCancelledError):
+            return failed(rid, RolloutStatus.CRASHED, f"{where} cancelled the rollout", elapsed)
+        if isinstance(exc, errors.RayTaskError):
+            return failed(rid, RolloutStatus.CRASHED, f"{where} failed: {_cause(exc)}", elapsed)
+        if isinstance(exc, errors.RayError):
+            slot.healthy = False
+            self._watch(slot)
+            return failed(rid, RolloutStatus.CRASHED, f"{where}: Ray failed the call: {_cause(exc)}", elapsed)
+        raise exc
+
+    def _watch(self, slot: _Slot) -> None:
+        """Wait in the background until Ray has recreated ``slot`` (or gave up on it)."""
+        name = f"watch-{slot.index}"
+        if self._closed or any(t.get_name() == name for t in self._background):
+            return
+        task = asyncio.create_task(self._probe(slot), name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _probe(self, slot: _Slot) -> None:
+        errors = self._ray.exceptions
+        deadline = time.monotonic() + self.config.startup_timeout_s * 3
+        while not self._closed and time.monotonic() < deadline:
+            try:
+                async with asyncio.timeout(self.config.startup_timeout_s):
+                    info = await _awaitable(slot.handle.ready.remote())
+            except errors.ActorDiedError as exc:
+                if self._still_registered(slot):  # died again, Ray recreates it once more
+                    await asyncio.sleep(0.5)
+                    continue
+                slot.dead = True
+                logger.warning("%s is dead and will not be recreated: %s", slot.name, _cause(exc))
+                return
+            except (TimeoutError, errors.RayError) as exc:
+                logger.info("%s not ready yet: %s", slot.name, _cause(exc))
+                await asyncio.sleep(0.5)
+                continue
+            slot.node_id = str(info.get("node_id", ""))
+            slot.healthy = True
+            logger.warning("%s is back on node %s", slot.name, slot.node_id[:12])
+            return
+
+
+    def _still_registered(self, slot: _Slot) -> bool:
+        """True while Ray still knows the named actor (a permanently dead one is dropped)."""
+        try:
+            self._ray.get_actor(slot.name, namespace=self.config.namespace)
+        except ValueError:
+            return False
+        return True
+
+
+async def _awaitable(ref: Any) -> Any:
+    """Await a Ray ``ObjectRef`` (a coroutine, so that it can be wrapped in a task)."""
+    return await ref
+
+
+def _cause(exc: BaseException) -> str:
+    """The first lines of a Ray error (its tracebacks run to pages)."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    short = " ".join(lines[:3])
+    if len(lines) > 3:
+        short += f" ... {lines[-1].strip()}"
+    return f"{type(exc).__name__}: {short[:800]}"

@@ -1,0 +1,67 @@
+"""The ``ray`` runtime's checks that need no cluster (main suite): the loopback-gateway
+preflight by node IP, and the config node as ``runtime=ray`` composes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import ConfigError
+from core.runtime.ray import RayRuntime, check_gateway_reachable
+from core.testing import CONFORMANCE_AGENT, build_runtime
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "0.0.0.0", "::1"])
+def test_a_loopback_gateway_is_refused_when_a_node_has_another_ip(host: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_gateway_reachable(host, node_ips=["10.0.0.5", "10.0.0.6", "10.0.0.5"], driver_ip="10.0.0.5")
+    text = str(info.value)
+    assert repr(host) in text and "10.0.0.6" in text and "gateway.public_host=10.0.0.5" in text
+    assert "10.0.0.5," not in text  # this machine's own nodes are not listed as remote
+
+
+def test_a_loopback_gateway_is_accepted_when_every_node_is_this_machine() -> None:
+    """``ray.cluster_utils.Cluster`` nodes (and any raylet started here) report the driver's IP."""
+    check_gateway_reachable("127.0.0.1", node_ips=["192.0.2.2"] * 3, driver_ip="192.0.2.2")
+    check_gateway_reachable("127.0.0.1", node_ips=["127.0.0.1", "127.0.0.1"], driver_ip="127.0.0.1")
+
+
+def test_a_routable_gateway_is_accepted_with_remote_nodes() -> None:
+    check_gateway_reachable("10.0.0.5", node_ips=["10.0.0.6", "10.0.0.7"], driver_ip="10.0.0.5")
+    check_gateway_reachable("gateway.svc.cluster.local", node_ips=["10.0.0.6"], driver_ip="10.0.0.5")
+
+
+def test_runtime_ray_composes_from_the_command_line() -> None:
+    rt = build_runtime(
+        "ray",
+        [
+            f"task.agent={CONFORMANCE_AGENT}",
+            "runtime.address=auto",
+            "runtime.agents_per_actor=8",
+            "runtime.num_cpus_per_agent=0.25",
+            "+runtime.resources_per_agent={sandbox: 0.5}",
+            '+runtime.label_selector={ray.io/node-group: agents, zone: "in(a,b)"}',
+            "+runtime.runtime_env={working_dir: .}",
+            "gateway.public_host=10.1.2.3",
+        ],
+    )
+    assert isinstance(rt, RayRuntime)
+    options = rt._actor_options(0)
+    assert options["num_cpus"] == 2.0 and options["resources"] == {"sandbox": 4.0}
+    assert options["label_selector"] == {"ray.io/node-group": "agents", "zone": "in(a,b)"}
+    assert options["runtime_env"] == {"working_dir": "."}
+    assert options["scheduling_strategy"] == "SPREAD" and options["max_task_retries"] == 0
+    assert rt.gateway_host == "10.1.2.3" and rt.config.address == "auto"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("runtime.num_actors=0", "num_actors"),
+        ("runtime.num_cpus_per_agent=-1", "num_cpus_per_agent"),
+        ("runtime.scheduling_strategy=PACK", "scheduling_strategy"),
+        ("runtime.result_channel=s3", "s3_bucket"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_runtime("ray", [f"task.agent={CONFORMANCE_AGENT}", override])
