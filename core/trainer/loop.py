@@ -342,7 +342,7 @@ class Trainer:
             sampling=self._sampling(self.algo.eval_temperature, stream=2),
             rewards=self.rewards,
         )
-        self.traces.write_step(self.step, outcomes, {}, kind="eval")
+        await self.traces.awrite_step(self.step, outcomes, {}, kind="eval")
         return eval_metrics(rows, pass_threshold=float(self.cfg.eval.pass_threshold))
 
     async def _checkpoint(self, async_state: dict[str, Any] | None = None) -> float:
@@ -514,7 +514,7 @@ class Trainer:
         record = self._record(outcomes, statuses, datums, group_metrics, train_metrics, eval_metrics, times, step_time)
         record.update(self._flow_metrics(outcomes, version, flow, times, step_time))
         record.update(component_metrics(outcomes))
-        record.update(self.traces.write_step(self.step, outcomes, signal.advantages, weight_version=version))
+        record.update(await self.traces.awrite_step(self.step, outcomes, signal.advantages, weight_version=version))
         return record
 
     def _flow_metrics(

@@ -29,6 +29,7 @@ resumed run rewrites the steps it replays.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import math
 import os
@@ -272,18 +273,43 @@ class TraceWriter:
             return False
         return kind == "eval" or step % self.every == 0
 
-    def _token_texts(self, ids: Iterable[int]) -> dict[str, str]:
-        out: dict[str, str] = {}
+    def _decode_new(self, ids: Iterable[int]) -> None:
+        """Decode and keep the text of each of ``ids`` (not yet known) one by one."""
         for i in ids:
-            text = self._texts.get(i)
-            if text is None:
-                try:
-                    text = self.decode([i]) if self.decode is not None else ""
-                except Exception:  # an id the tokenizer cannot decode: show the id instead
-                    text = ""
-                self._texts[i] = text
-            out[str(i)] = text
-        return out
+            try:
+                text = self.decode([i]) if self.decode is not None else ""
+            except Exception:  # an id the tokenizer cannot decode: show the id instead
+                text = ""
+            self._texts[i] = text
+
+    def _encode(
+        self, outcomes: Sequence[Any], advantages: Mapping[str, float]
+    ) -> tuple[list[dict[str, Any]], list[int], list[int]]:
+        """The stored records, every token id they use, and the ids not decoded yet."""
+        records = [encode_rollout(o, advantages.get(o.request.rollout_id)) for o in outcomes]
+        ids = sorted({i for o in outcomes for r in o.rows for i in r.token_ids})
+        return records, ids, [i for i in ids if i not in self._texts]
+
+    def _write(
+        self,
+        kind: str,
+        step: int,
+        weight_version: int | None,
+        records: list[dict[str, Any]],
+        ids: list[int],
+        t0: float,
+    ) -> dict[str, float]:
+        header = {
+            "format": FORMAT,
+            "kind": kind,
+            "step": int(step),
+            "time": time.time(),
+            "rollouts": len(records),
+            "weight_version": weight_version,
+            "tokens": {str(i): self._texts[i] for i in ids},
+        }
+        size = write_trace_file(trace_path(self.run_dir, kind, step), header, records)
+        return {"traces/bytes": float(size), "time/traces": time.perf_counter() - t0}
 
     def write_step(
         self,
@@ -305,20 +331,32 @@ class TraceWriter:
         if not self.wants(kind, step):
             return {}
         t0 = time.perf_counter()
-        records = [encode_rollout(o, advantages.get(o.request.rollout_id)) for o in outcomes]
-        ids = sorted({i for o in outcomes for r in o.rows for i in r.token_ids})
-        header = {
-            "format": FORMAT,
-            "kind": kind,
-            "step": int(step),
-            "time": time.time(),
-            "rollouts": len(records),
-            "weight_version": weight_version,
-            "tokens": self._token_texts(ids),
-        }
-        path = trace_path(self.run_dir, kind, step)
-        size = write_trace_file(path, header, records)
-        return {"traces/bytes": float(size), "time/traces": time.perf_counter() - t0}
+        records, ids, new = self._encode(outcomes, advantages)
+        self._decode_new(new)
+        return self._write(kind, step, weight_version, records, ids, t0)
+
+    async def awrite_step(
+        self,
+        step: int,
+        outcomes: Sequence[Any],
+        advantages: Mapping[str, float],
+        *,
+        kind: str = "train",
+        weight_version: int | None = None,
+    ) -> dict[str, float]:
+        """``write_step`` for the training loop: encoding, compression and the write run
+        in a worker thread, so the event loop (the gateway, the async rollout pool)
+        keeps serving meanwhile; a large step's traces took it away for as long.
+
+        Token ids new to this writer are decoded on the event loop, between the two
+        halves: ``decode`` is the gateway's tokenizer, which is not shared with a thread.
+        """
+        if not self.wants(kind, step):
+            return {}
+        t0 = time.perf_counter()
+        records, ids, new = await asyncio.to_thread(self._encode, outcomes, advantages)
+        self._decode_new(new)
+        return await asyncio.to_thread(self._write, kind, step, weight_version, records, ids, t0)
 
 
 def write_trace_file(path: Path, header: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> int:

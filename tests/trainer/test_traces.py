@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,46 @@ def test_round_trip_gives_back_the_exact_rows(tmp_path: Path) -> None:
         assert back.rollout_id == "r0" and back.reward == 0.5 and back.status is RolloutStatus.OK
         assert back.metadata == original.metadata
     assert set(got.header["tokens"]) == {str(i) for r in outcomes[0].rows for i in r.token_ids}
+
+
+def test_the_loop_writes_traces_off_the_event_loop(tmp_path: Path) -> None:
+    """``awrite_step`` (the training loop's) encodes and writes in a worker thread, so
+    other tasks on the event loop (the gateway, the async rollout pool) run meanwhile;
+    ``write_step`` held the loop for the whole encoding (seconds for a large step). New
+    token ids are still decoded on the loop thread, where the gateway's tokenizer lives.
+    The file is the one ``write_step`` writes."""
+    rng = random.Random(3)
+    outcomes = [_outcome(f"r{k}", "g", _forked_rollout(rng), RolloutStatus.OK, 1.0) for k in range(20)]
+    decoded_on: set[int] = set()
+
+    def decode(ids: list[int]) -> str:
+        decoded_on.add(threading.get_ident())
+        return f"<{ids[0]}>"
+
+    async def main() -> tuple[int, dict[str, float]]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        stats = await TraceWriter(tmp_path / "a", 1, decode).awrite_step(2, outcomes, {"r1": 0.5}, weight_version=1)
+        during = ticks - before
+        task.cancel()
+        return during, stats
+
+    during, stats = asyncio.run(main())
+    assert during > 0  # the loop ran other tasks while the step's traces were written
+    assert decoded_on == {threading.get_ident()}
+    assert stats["traces/bytes"] == trace_path(tmp_path / "a", "train", 2).stat().st_size
+    TraceWriter(tmp_path / "b", 1, decode).write_step(2, outcomes, {"r1": 0.5}, weight_version=1)
+    a, b = read_traces(trace_path(tmp_path / "a", "train", 2)), read_traces(trace_path(tmp_path / "b", "train", 2))
+    assert a.rollouts == b.rollouts and {**a.header, "time": 0} == {**b.header, "time": 0}
 
 
 def test_size_per_thousand_toy_rollouts_stays_small(tmp_path: Path) -> None:
