@@ -71,6 +71,9 @@ class TrainerConfig:
     weight versions, reward, status, advantage) under ``<run_dir>/traces/`` for
     ``python -m core.view``; evaluations are stored whenever it is > 0; 0 stores none
     (docs/viewer.md gives the size per 1,000 rollouts)."""
+    keep_traces: int = 100
+    """Most training steps whose traces are kept: older files are deleted as new ones are
+    written, so a long run's ``traces/`` stays bounded; 0 keeps all. Evaluations are all kept."""
 
 
 @dataclass

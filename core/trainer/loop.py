@@ -212,7 +212,9 @@ class Trainer:
         )
         self._closers.append(self._close_metrics)
         self.console = "console" in loggers
-        self.traces = TraceWriter(self.run_dir, int(self.t.get("save_traces", 1)), self.gateway.renderer.decode)
+        self.traces = TraceWriter(
+            self.run_dir, int(self.t.get("save_traces", 1)), self.gateway.renderer.decode, int(self.t.get("keep_traces", 0))
+        )
 
     async def _close_metrics(self) -> None:
         self.metrics.close()

@@ -24,7 +24,9 @@ and the gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
 A file is written to a ``.tmp`` name and renamed, so a reader never sees half
 of one; ``read_traces`` still tolerates a file cut short (a copy in progress, a
 full disk) and returns the rollouts before the cut with ``partial=True``. A
-resumed run rewrites the steps it replays.
+resumed run rewrites the steps it replays. Only the newest ``trainer.keep_traces``
+training-step files are kept (older ones are deleted as new ones are written);
+evaluations are all kept.
 """
 
 from __future__ import annotations
@@ -253,11 +255,14 @@ class TraceWriter:
             evaluations are stored whenever ``every`` > 0.
         decode: Text of a list of token ids (the gateway's ``renderer.decode``); each id
             is decoded once per run and kept.
+        keep: Most training-step files kept (``trainer.keep_traces``): after each write,
+            older ones are deleted; 0 keeps all. Evaluations are all kept.
     """
 
     run_dir: Path
     every: int = 1
     decode: Callable[[Sequence[int]], str] | None = None
+    keep: int = 0
     _texts: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -265,6 +270,11 @@ class TraceWriter:
             raise ConfigError(
                 f"trainer.save_traces must be an integer >= 0 (0: off, 1: every step, N: every "
                 f"N-th step), got {self.every!r}"
+            )
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 0:
+            raise ConfigError(
+                f"trainer.keep_traces must be an integer >= 0 (the newest N training steps' traces "
+                f"are kept; 0: all), got {self.keep!r}"
             )
 
     def wants(self, kind: str, step: int) -> bool:
@@ -309,7 +319,19 @@ class TraceWriter:
             "tokens": {str(i): self._texts[i] for i in ids},
         }
         size = write_trace_file(trace_path(self.run_dir, kind, step), header, records)
+        if kind == "train":
+            self._prune(step)
         return {"traces/bytes": float(size), "time/traces": time.perf_counter() - t0}
+
+    def _prune(self, step: int) -> None:
+        """Delete the training-step files past the newest ``keep`` up to ``step``. Files of
+        later steps (left by a run that crashed and is now replaying) are left alone:
+        they are rewritten as the replay reaches them."""
+        if self.keep <= 0:
+            return
+        stored = [s for s in list_traces(self.run_dir)["train"] if s <= step]
+        for old in stored[: -self.keep]:
+            trace_path(self.run_dir, "train", old).unlink(missing_ok=True)
 
     def write_step(
         self,

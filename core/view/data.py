@@ -73,19 +73,37 @@ class RunData:
         try:
             st = path.stat()
         except FileNotFoundError:
-            raise KeyError(f"no {kind} traces stored for step {step}") from None
+            raise self._missing(kind, step) from None
         stamp = (st.st_mtime_ns, st.st_size)
         with self._lock:
             hit = self._files.get(path)
             if hit is not None and hit[0] == stamp:
                 self._files.move_to_end(path)
                 return hit[1]
-        traces = read_traces(path)
+        try:
+            traces = read_traces(path)
+        except FileNotFoundError:  # deleted since the stat: the run's retention removed it
+            raise self._missing(kind, step) from None
         with self._lock:
             self._files[path] = (stamp, traces)
             while len(self._files) > _CACHE_FILES:
                 self._files.popitem(last=False)
         return traces
+
+    def _missing(self, kind: str, step: int) -> KeyError:
+        """The not-found error for ``kind`` at ``step``, saying which steps are stored."""
+        stored = list_traces(self.run_dir)[kind]
+        if not stored:
+            return KeyError(f"no {kind} traces stored for step {step} (this run stored none)")
+        why = (
+            "; a run keeps only its newest training steps' traces (trainer.keep_traces)"
+            if kind == "train" and step < stored[-1]
+            else ""
+        )
+        return KeyError(
+            f"no {kind} traces stored for step {step}: stored are {len(stored)} steps, "
+            f"from {stored[0]} to {stored[-1]}{why}"
+        )
 
     def overview(self) -> dict[str, Any]:
         """Per-step numeric metrics, eval results, status totals and the stored steps."""
@@ -195,12 +213,12 @@ class RunData:
         rollouts: dict[str, Any] = {}
         for kind, numbers in chosen.items():
             for n in numbers:
-                try:
+                try:  # a file the run removes meanwhile (trainer.keep_traces) is left out
                     summary = self.step(kind, n)
+                    full = {r["rollout_id"]: self.rollout(kind, n, r["rollout_id"]) for r in summary["rollouts"]}
                 except (KeyError, ValueError):
                     continue
                 steps[f"{kind}/{n}"] = summary
-                for r in summary["rollouts"]:
-                    rollouts[f"{kind}/{n}/{r['rollout_id']}"] = self.rollout(kind, n, r["rollout_id"])
+                rollouts.update({f"{kind}/{n}/{rid}": r for rid, r in full.items()})
         run["traces"] = {k: sorted(int(key.split("/")[1]) for key in steps if key.startswith(k + "/")) for k in KINDS}
         return {"run": run, "steps": steps, "rollouts": rollouts}

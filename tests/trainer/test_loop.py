@@ -21,6 +21,7 @@ from core.trainer.checkpoint import RunDirLock
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
 from core.trainer.rollouts import RolloutOutcome
+from core.trainer.traces import list_traces
 from core.types import Datum
 
 HERE = Path(__file__).parent
@@ -83,7 +84,7 @@ def _train(cfg: Any, plugins: Any) -> Trainer:
 
 @pytest.mark.integration
 def test_loop_trains_logs_and_closes(tmp_path: Path) -> None:
-    cfg, plugins = _cfg(tmp_path)
+    cfg, plugins = _cfg(tmp_path, "trainer.keep_traces=2")
     CREATED.clear()
     trainer = _train(cfg, plugins)
     backend = CREATED[-1]
@@ -104,6 +105,7 @@ def test_loop_trains_logs_and_closes(tmp_path: Path) -> None:
     assert backend.closed
     assert (trainer.run_dir / "report.html").read_text().count("<polyline") >= 1
     assert (trainer.run_dir / "checkpoints" / "step_000003" / "trainer_state.json").exists()
+    assert list_traces(trainer.run_dir)["train"] == [2, 3]  # trainer.keep_traces=2: step 1's removed
 
 
 @pytest.mark.integration

@@ -224,6 +224,30 @@ def test_every_n_steps_and_off(tmp_path: Path) -> None:
         TraceWriter(tmp_path, -1)
 
 
+def test_only_the_newest_keep_training_steps_are_kept(tmp_path: Path) -> None:
+    """``trainer.keep_traces``: after each training step's file, files past the newest
+    ``keep`` are deleted (a run kept every step before); evaluations are all kept, and
+    a replay after a crash leaves the later steps' files to be rewritten."""
+    one = [_outcome("r", "g", [], RolloutStatus.CRASHED, None)]
+    writer = TraceWriter(tmp_path, 2, keep=2)
+    for step in range(1, 10):
+        writer.write_step(step, one, {})
+        writer.write_step(step, one, {}, kind="eval")
+    assert list_traces(tmp_path) == {"train": [6, 8], "eval": list(range(1, 10))}
+    asyncio.run(writer.awrite_step(4, one, {}))  # resumed from step 3: 6 and 8 are replayed next
+    assert list_traces(tmp_path)["train"] == [4, 6, 8]
+    asyncio.run(writer.awrite_step(6, one, {}))
+    assert list_traces(tmp_path)["train"] == [4, 6, 8]
+    asyncio.run(writer.awrite_step(8, one, {}))
+    assert list_traces(tmp_path)["train"] == [6, 8]
+    all_kept = TraceWriter(tmp_path / "all", 1)
+    for step in range(1, 5):
+        all_kept.write_step(step, one, {})
+    assert list_traces(tmp_path / "all")["train"] == [1, 2, 3, 4]
+    with pytest.raises(ConfigError, match="trainer.keep_traces must be an integer >= 0"):
+        TraceWriter(tmp_path, 1, keep=-1)
+
+
 def test_conversation_tree_keeps_forks_and_turn_indices() -> None:
     def turn() -> Turn:
         return Turn(buf=[], prompt_len=0, end=0, logprobs=[], finish_reason=FinishReason.STOP,

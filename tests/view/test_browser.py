@@ -162,7 +162,7 @@ def test_overview_step_trajectory_in_chromium(trained_run: dict[str, Any], brows
 def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> None:
     """A session whose history forked (tree mode): two rows sharing a prefix, the
     conversation with two continuations of the first reply. Written with the trace
-    writer (no training needed to lay out a fork)."""
+    writer (no training needed to lay out a fork). Then a step without traces."""
     from types import SimpleNamespace
 
     from selenium.webdriver.common.by import By
@@ -231,6 +231,13 @@ def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> No
         browser.get(f"{server.url}#/step/train/1")
         main = _wait_view(browser, "step")
         assert main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r0"] td.weights').text == "v1 v2 v3 −2"
+        # A step whose traces are not stored (removed by trainer.keep_traces, or never
+        # written): a page saying so with the stored step next to it, not a bare error.
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/step/train/0")
+        main = _wait_view(browser, "missing")
+        assert "stored are 1 steps, from 1 to 1" in main.find_element(By.ID, "missing").text
+        assert main.find_element(By.CSS_SELECTOR, 'a[href="#/step/train/1"]').text == "train step 1 →"
     finally:
         server.shutdown()
         server.server_close()

@@ -6,6 +6,7 @@ import http.client
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -197,3 +198,50 @@ def test_server_listens_on_ipv6_loopback(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_steps_removed_by_retention_are_a_clear_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trainer.keep_traces`` deletes old training steps' files while the viewer runs: a
+    removed step answers 404 naming the stored range and the setting (a file deleted
+    between its stat and its read was a 500), and a static export leaves it out."""
+    from core.trainer.traces import TraceWriter
+    from core.types import RolloutRequest, RolloutResult, RolloutStatus
+    from core.view import data as view_data
+
+    outcome = SimpleNamespace(
+        request=RolloutRequest("r0", "g0", {"n": 1}, "http://x/v1", "s", "m"),
+        result=RolloutResult("r0", RolloutStatus.CRASHED, error="boom"), rows=[], faults={}, conversation=[],
+    )
+    writer = TraceWriter(tmp_path, 1, keep=2)
+    for step in (1, 2, 3, 4):
+        writer.write_step(step, [outcome], {})
+    (tmp_path / "metrics.jsonl").write_text("")
+    run = RunData(tmp_path)
+    assert run.overview()["traces"]["train"] == [3, 4]
+    with pytest.raises(KeyError, match=r"step 1: stored are 2 steps, from 3 to 4.*trainer.keep_traces"):
+        run.step("train", 1)
+    real_read = view_data.read_traces
+    doomed = {trace_path(tmp_path, "train", 3), trace_path(tmp_path, "train", 4)}
+
+    def removed_meanwhile(path: Path) -> Any:
+        if path in doomed:  # the training run's retention, between the viewer's stat and read
+            doomed.discard(path)
+            path.unlink()
+        return real_read(path)
+
+    monkeypatch.setattr(view_data, "read_traces", removed_meanwhile)
+    server = ViewServer(tmp_path, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", "/api/step?kind=train&step=3")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 404 and "from 4 to 4" in body["error"], body
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    writer.write_step(5, [outcome], {})  # the export finds 4 and 5 stored, then 4 is removed
+    exported = RunData(tmp_path).export(None)
+    assert exported["run"]["traces"]["train"] == [5] and "train/4" not in exported["steps"]

@@ -254,7 +254,23 @@
   // ---------------------------------------------------------------- step
   async function viewStep(kind, n) {
     if (!RUN) RUN = await api.run();
-    const data = await api.step(kind, n);
+    let data;
+    try {
+      data = await api.step(kind, n);
+    } catch (err) {
+      // Removed since the page last read the run (trainer.keep_traces keeps only the newest
+      // training steps), or never stored: say so and link the stored steps on either side.
+      if (!STATIC) RUN = await api.run();
+      const stored = RUN.traces[kind] || [];
+      if (stored.includes(n)) throw err;
+      const before = stored.filter((x) => x < n).pop();
+      const after = stored.find((x) => x > n);
+      frame('missing', [h('span', {}, `${kind} step ${n}`)], h('h1', {}, `No ${kind} traces for step ${n}`),
+        h('p', { class: 'note', id: 'missing' }, String(err && err.message ? err.message : err)),
+        h('p', {}, before !== undefined ? link(`/step/${kind}/${before}`, `← ${kind} step ${before}`) : null, ' ',
+          after !== undefined ? link(`/step/${kind}/${after}`, `${kind} step ${after} →`) : null, ' ', link('/', 'overview')));
+      return;
+    }
     const list = RUN.traces[kind] || [];
     const at = list.indexOf(n);
     const navLinks = h('p', {},
