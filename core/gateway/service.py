@@ -66,7 +66,7 @@ from core.gateway.session import Session, new_session_id
 from core.gateway.thinking import template_reasoning
 from core.gateway.tokentext import TokenLogprob, TokenText
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
-from core.gateway.toolparse import ParsedOutput, get_parser
+from core.gateway.toolparse import ParsedOutput, get_parser, kept_call_ids, new_call_id
 from core.interfaces import Sampler
 from core.tokenizer import end_of_turn_ids
 from core.types import FinishReason, SampleResult, SamplingParams, TraceRecord
@@ -647,7 +647,10 @@ class Gateway:
             reply.violated = True  # a required call that did not parse, or a refused call attempted
         s.counters["tool_calls_dropped"] += reply.dropped
         s.counters["tool_choice_violations"] += reply.violated
-        calls = [canonical_tool_call(f"call_{secrets.token_hex(12)}", name, args) for name, args in reply.calls]
+        calls = [
+            canonical_tool_call(ident or new_call_id(self.tool_parser_name), name, args)
+            for (name, args), ident in zip(reply.calls, kept_call_ids(parsed, reply.calls), strict=True)
+        ]
         prompt.extend(ids)
         turn = Turn(
             buf=prompt,

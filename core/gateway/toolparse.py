@@ -15,12 +15,16 @@ Defines:
 - ``parse_mistral``: Mistral ``[TOOL_CALLS]`` followed by a JSON list of calls (v3 tokenizers)
   or by ``NAME[ARGS]{json}`` per call (v11 and later).
 - ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
+- ``new_call_id``, ``kept_call_ids``: tool-call ids, the model's own where its format writes
+  one (Mistral v3 to v7), else fresh ones of the form the format's templates accept.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +36,8 @@ __all__ = [
     "ParsedOutput",
     "detect_parser",
     "get_parser",
+    "kept_call_ids",
+    "new_call_id",
     "parse_deepseek_v3",
     "parse_glm45",
     "parse_hermes",
@@ -53,6 +59,10 @@ class ParsedOutput:
     """The text tried to call a tool and failed; ``content`` is then the raw text."""
     error: str = ""
     """Why it was ill-formed."""
+    call_ids: list[str | None] = field(default_factory=list)
+    """The id the model wrote for each call (Mistral's ``[TOOL_CALLS][{..., "id": ...}]``), aligned
+    with ``tool_calls``; empty when the format writes none. The gateway returns it to the client,
+    so history sent back renders the id the model generated."""
 
 
 ToolParser = Callable[[str], ParsedOutput]
@@ -248,16 +258,21 @@ def parse_glm45(text: str) -> ParsedOutput:
 
 MISTRAL_CALLS = "[TOOL_CALLS]"
 _MISTRAL_ARGS = "[ARGS]"
+_MISTRAL_ID = re.compile(r"[a-zA-Z0-9]{9}")
+"""A Mistral tool-call id: mistral-common and Mistral's chat templates refuse any other."""
 
 
 def parse_mistral(text: str) -> ParsedOutput:
-    """Parse Mistral tool calls: ``[TOOL_CALLS][{"name", "arguments", "id"}, ...]`` or
-    ``[TOOL_CALLS]NAME[ARGS]{...}`` (repeated for several calls); text before is content."""
+    """Parse Mistral tool calls: ``[TOOL_CALLS][{"name", "arguments", "id"}, ...]`` (v3 to v7
+    tokenizers; the model writes each call's id, kept in ``call_ids`` when it is the 9 letters or
+    digits Mistral's formats take) or ``[TOOL_CALLS]NAME[ARGS]{...}`` (repeated for several
+    calls); text before is content."""
     start = text.find(MISTRAL_CALLS)
     if start < 0:
         return ParsedOutput(content=text)
     rest = text[start:]
     calls: list[tuple[str, Any]] = []
+    ids: list[str | None] = []
     decoder = json.JSONDecoder()
     for piece in rest.split(MISTRAL_CALLS)[1:]:
         piece = piece.strip()
@@ -270,6 +285,7 @@ def parse_mistral(text: str) -> ParsedOutput:
             if raw.strip()[end:].strip() or not name.strip() or not isinstance(args, dict):
                 return _ill(text, "a tool call is not 'NAME[ARGS]{...}'")
             calls.append((name.strip(), args))
+            ids.append(None)
             continue
         try:
             listed, end = decoder.raw_decode(piece)
@@ -284,9 +300,11 @@ def parse_mistral(text: str) -> ParsedOutput:
             if not isinstance(args, dict):
                 return _ill(text, "tool call 'arguments' is not an object")
             calls.append((obj["name"], args))
+            ident = obj.get("id")
+            ids.append(ident if isinstance(ident, str) and _MISTRAL_ID.fullmatch(ident) else None)
     if any(safejson.deeper_than(a) for _, a in calls):
         return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels")
-    return ParsedOutput(content=text[:start], tool_calls=calls)
+    return ParsedOutput(content=text[:start], tool_calls=calls, call_ids=ids if any(ids) else [])
 
 
 def _parse_harmony(text: str) -> ParsedOutput:
@@ -356,3 +374,30 @@ def get_parser(name: str, chat_template: str) -> tuple[str | None, ToolParser | 
     if name not in PARSERS:
         raise ConfigError(f"unknown gateway.tool_parser {name!r}; choose one of {sorted(PARSERS)}, 'auto' or 'none'")
     return name, PARSERS[name]
+
+
+def new_call_id(parser: str | None) -> str:
+    """A fresh tool-call id the parser's format can render back: 9 letters or digits for
+    ``mistral`` (mistral-common and Mistral's templates refuse any other), else ``call_`` + hex."""
+    if parser == "mistral":
+        return "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+    return f"call_{secrets.token_hex(12)}"
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def kept_call_ids(parsed: ParsedOutput, kept: list[tuple[str, Any]]) -> list[str | None]:
+    """The model's ids of ``kept``, calls of ``parsed`` that survived ``tool_choice`` (an ordered
+    subsequence of ``parsed.tool_calls``: each is matched to the next equal call); None where
+    the model wrote none."""
+    if not parsed.call_ids:
+        return [None] * len(kept)
+    out: list[str | None] = []
+    at = 0
+    for call in kept:
+        while at < len(parsed.tool_calls) and parsed.tool_calls[at] != call:
+            at += 1
+        out.append(parsed.call_ids[at] if at < len(parsed.call_ids) else None)
+        at += 1
+    return out

@@ -21,7 +21,7 @@ from core.gateway import GatewayConfig
 from core.samplers import ScriptedSampler
 from core.tokenizer import end_of_turn_ids
 from tests.gateway.conftest import CALC_TOOL, Harness
-from tests.gateway.families import FAMILIES, TEMPLATES, load
+from tests.gateway.families import FAMILIES, TEMPLATES, load, mistral_reference
 
 SYSTEM = "You are a calculator agent."
 QUESTION = "What is 12*7, plus 5?"
@@ -495,3 +495,66 @@ def test_gpt_oss_tokenizer_matches_quicktoks_encoder() -> None:
     for text in ("Hello, world!", "naïve café 中文 🙂 12345 don't\n\n  x", template,
                  harmony_final("Think.", "Answer.")):
         assert ids(tok, text) == list(enc.encode(text, allowed_special="all"))
+
+
+def mistral_call(expression: str, ident: str) -> str:
+    """Mistral v3's tool-call turn: ``[TOOL_CALLS]`` then a JSON list of calls, each with the id the model writes."""
+    return "[TOOL_CALLS]" + json.dumps([{"name": "calculator", "arguments": {"expression": expression}, "id": ident}])
+
+
+def mistral_encoded(messages: list[dict[str, Any]]) -> list[int]:
+    """Mistral's reference: ``mistral-common``'s own ``encode_chat_completion`` of the conversation
+    (its Tekken tokenizer, not the converted one; no Jinja template involved)."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    request = ChatCompletionRequest(messages=messages, tools=[CALC_TOOL])  # type: ignore[arg-type]
+    return list(mistral_reference().encode_chat_completion(request).tokens)
+
+
+@pytest.mark.parametrize("family", [("mistral-nemo", {})], indirect=True)
+def test_mistral_tool_loop_is_mistral_commons_encoding_and_a_new_question_forks(family: tuple[Harness, Any]) -> None:
+    """Mistral Nemo (Tekken v3): within one question's tool loop the row is exactly
+    mistral-common's encoding, the model's own call ids included (returned to the client, so
+    history sent back renders them). The format writes the tools and the system prompt in
+    front of the *last* user message, so a new question re-renders the history: its turn
+    starts a new row, mistral-common's encoding of the history plus the generated turn."""
+    h, tok = family
+    eos = tok.convert_tokens_to_ids("</s>")
+    assert h.gw.end_of_turn_ids == (eos,)
+    agent = Agent(h, tok, eos)
+    first = agent.turn(mistral_call("12*7", "aB3dE6gH9"))
+    assert first.tool_calls[0].id == "aB3dE6gH9" and not first.content
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(mistral_call("84+5", "Zy8xW7vU6"))
+    agent.tool("89")
+    assert agent.turn("The answer is 89.").content == "The answer is 89."
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    loop, question = agent.rows()
+
+    def called(expression: str, ident: str) -> dict[str, Any]:
+        args = json.dumps({"expression": expression})
+        return {"role": "assistant", "tool_calls": [
+            {"id": ident, "type": "function", "function": {"name": "calculator", "arguments": args}}]}
+
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        called("12*7", "aB3dE6gH9"),
+        {"role": "tool", "tool_call_id": "aB3dE6gH9", "content": "84"},
+        called("84+5", "Zy8xW7vU6"),
+        {"role": "tool", "tool_call_id": "Zy8xW7vU6", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89."},
+    ]
+    assert loop.token_ids == mistral_encoded(reference)  # ends on the </s> the model wrote
+    assert trained(tok, loop) == [mistral_call("12*7", "aB3dE6gH9") + "</s>",
+                                  mistral_call("84+5", "Zy8xW7vU6") + "</s>", "The answer is 89.</s>"]
+    assert loop.metadata["tool_parser"] == "mistral" and loop.metadata["reasoning_parser"] is None
+    prompt = mistral_encoded([*reference, {"role": "user", "content": "And 2+2?"}])
+    text = tok.decode(prompt)
+    assert text.endswith(f"[/AVAILABLE_TOOLS][INST]{SYSTEM}\n\nAnd 2+2?[/INST]")  # moved to the last question
+    assert f"[INST]{QUESTION}[/INST]" in text and text.count("[AVAILABLE_TOOLS]") == 1
+    assert question.token_ids == prompt + [*ids(tok, "4."), eos]
+    assert trained(tok, question) == ["4.</s>"]
+    assert question.metadata["full_renders"] == 2 and question.metadata["tail_fallbacks"] == 1

