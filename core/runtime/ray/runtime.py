@@ -123,6 +123,9 @@ class RayRuntime:
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
+        # Slots for the whole cluster, so that a rollout's timeout counts from when an
+        # actor has room for it (as under runtime=local), not while it queues.
+        self._sem = asyncio.Semaphore(self.config.num_actors * self.config.agents_per_actor)
         self.rollouts_per_node: Counter[str] = Counter()
         """Rollouts that came back from each node id (placement, for metrics and tests)."""
         self._started = False
@@ -368,9 +371,22 @@ class RayRuntime:
         assert task is not None
         self._tasks[rid] = task
         t0 = time.monotonic()
+        try:
+            async with self._sem:
+                return await self._run(request)
+        except asyncio.CancelledError:
+            if rid not in self._cancelled:
+                raise
+            return failed(rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0)
+        finally:
+            self._tasks.pop(rid, None)
+            self._cancelled.discard(rid)
+
+    async def _run(self, request: RolloutRequest) -> RolloutResult:
+        rid = request.rollout_id
+        t0 = time.monotonic()  # queueing for a slot is not the rollout's time
         slot = self._pick()
         if slot is None:
-            self._tasks.pop(rid, None)
             return failed(
                 rid,
                 RolloutStatus.CRASHED,
@@ -385,7 +401,11 @@ class RayRuntime:
                 async with asyncio.timeout(request.timeout_s + self.config.call_grace_s):
                     result, node_id = await _awaitable(ref)
             except TimeoutError:
-                self._ray.cancel(ref)
+                self._forward_cancel(slot, rid)
+                try:
+                    self._ray.cancel(ref)
+                except Exception as exc:  # already finished or its actor is gone
+                    logger.debug("ray.cancel(%s): %r", rid, exc)
                 return failed(
                     rid,
                     RolloutStatus.TIMEOUT,
@@ -415,8 +435,6 @@ class RayRuntime:
             return dataclasses.replace(result, elapsed_s=time.monotonic() - t0)
         finally:
             slot.in_flight -= 1
-            self._tasks.pop(rid, None)
-            self._cancelled.discard(rid)
 
     def _forward_cancel(self, slot: _Slot, rollout_id: str) -> None:
         try:
@@ -431,6 +449,7 @@ class RayRuntime:
         elapsed = time.monotonic() - t0
         where = f"agent actor {slot.index} ({slot.name}, node {slot.node_id[:12] or '?'})"
         if isinstance(exc, errors.RayActorError):
+            self._forward_cancel(slot, rid)  # merely unreachable: the rollout may still run there
             slot.healthy = False
             self._watch(slot)
             what = f"{where} died or became unreachable mid-rollout (its process or node was lost)"
