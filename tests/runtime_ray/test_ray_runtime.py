@@ -174,3 +174,58 @@ def test_the_toy_task_trains_through_runtime_ray(ray_cluster: Cluster, tmp_path:
     assert {a["State"] for a in ran} == {"DEAD"}, ran
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert {a["Address"]["NodeID"] for a in ran} == nodes
+
+
+AGENTS_DIR = Path(__file__).parent.parent / "runtime" / "agents"
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def test_an_agentcore_rl_app_agent_runs_unchanged_with_results_in_s3(ray_cluster: Cluster) -> None:
+    """agentcore-rl-toolkit 0.2.0's own ``AgentCoreRLApp`` (tests/runtime/agents/art_agent_original.py)
+    under ``runtime=ray`` with ``result_channel=s3``: the agents write results to S3, the actors
+    poll them. S3 is moto's server on 127.0.0.1, standing in for AWS we cannot reach; the
+    actors get its credentials through ``runtime.runtime_env`` (Ray's ``env_vars``)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client("s3", endpoint_url=endpoint, **_boto_creds()).create_bucket(Bucket="rollouts")
+        rt = RayRuntime(
+            "art_agent_original:app",
+            address=ray_cluster.address,
+            num_actors=2,
+            agents_per_actor=4,
+            num_cpus_per_agent=0.1,
+            result_channel="s3",
+            s3_bucket="rollouts",
+            s3_endpoint_url=endpoint,
+            s3_exp_id="ray-art",
+            runtime_env={"env_vars": CREDS},
+            env={"PYTHONPATH": str(AGENTS_DIR), "AWS_ENDPOINT_URL_S3": endpoint, **CREDS},
+        )
+        reqs = [conformance_request({"reward": i / 4, "sleep_s": 0.1}) for i in range(4)]
+        bad = conformance_request({"mode": "raise", "reward": 0})
+
+        async def body() -> list[Any]:
+            return await asyncio.gather(*(rt.run_rollout(r) for r in [*reqs, bad]))
+
+        results = _run(rt, body)
+    finally:
+        server.stop()
+    for req, res in zip(reqs, results[:-1], strict=True):
+        assert res.status is RolloutStatus.OK and res.reward == req.payload["reward"], res.error
+    assert results[-1].status is RolloutStatus.CRASHED
+    assert "toolkit agent failed on purpose" in (results[-1].error or "")
+    assert len(rt.rollouts_per_node) == 2, rt.rollouts_per_node
+
+
+def _boto_creds() -> dict[str, str]:
+    return {
+        "region_name": CREDS["AWS_DEFAULT_REGION"],
+        "aws_access_key_id": CREDS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": CREDS["AWS_SECRET_ACCESS_KEY"],
+    }
