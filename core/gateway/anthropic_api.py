@@ -15,12 +15,12 @@ from typing import Any
 
 from core.gateway.errors import bad_request
 from core.gateway.fields import (
-    ANTHROPIC_UNHONOURED,
+    ANTHROPIC_FIELDS,
+    check_fields,
     opt_bool,
     opt_int,
     opt_number,
     opt_stop,
-    refuse_unhonoured,
 )
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
 from core.gateway.service import TurnRequest, TurnResult
@@ -41,7 +41,7 @@ def parse_count_request(
     """
     if "messages" not in body:
         raise bad_request("'messages' is required: a non-empty list of messages", param="messages")
-    refuse_unhonoured(body, ANTHROPIC_UNHONOURED)
+    check_fields(body, ANTHROPIC_FIELDS)
     tools = anthropic_tools(body.get("tools"))
     anthropic_tool_choice(body, tools)  # checked here too: count_tokens takes the same fields
     kwargs = anthropic_thinking(body, reasoning, None)
@@ -55,7 +55,7 @@ def parse_messages_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -
     max_tokens = opt_int(body, "max_tokens", minimum=1)
     if max_tokens is None:
         raise bad_request("'max_tokens' is required (an integer >= 1)", param="max_tokens")
-    refuse_unhonoured(body, ANTHROPIC_UNHONOURED)
+    check_fields(body, ANTHROPIC_FIELDS)
     units, tools = anthropic_units(body.get("system"), body["messages"]), anthropic_tools(body.get("tools"))
     kwargs = anthropic_thinking(body, reasoning, max_tokens)
     top_k = opt_int(body, "top_k", minimum=1)

@@ -58,6 +58,7 @@ from core.gateway.errors import (
     unauthorized,
 )
 from core.gateway.fastpath import ClientGone, DisconnectWatch, HotRoutes, read_raw
+from core.gateway.fields import drop_ignored
 from core.gateway.openai_api import chat_response, chat_stream_events, parse_chat_request
 from core.gateway.responses_api import (
     finish_response,
@@ -246,12 +247,16 @@ def build_app(gateway: Gateway) -> HotRoutes:
     cfg = gateway.config
     limit = cfg.max_body_bytes
     timeout = cfg.body_read_timeout_s or None
+    ignore = frozenset(cfg.ignore_request_fields)
+
+    def read_body(raw: bytes) -> dict[str, Any]:
+        return drop_ignored(parse_body(raw), ignore)
 
     async def chat(request: Request) -> Response:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream, include_usage = parse_chat_request(parse_body(raw), gateway.reasoning)
+        req, stream, include_usage = parse_chat_request(read_body(raw), gateway.reasoning)
         _check_stops(req.stop, "stop", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -263,7 +268,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream = parse_messages_request(parse_body(raw), gateway.reasoning)
+        req, stream = parse_messages_request(read_body(raw), gateway.reasoning)
         _check_stops(req.stop, "stop_sequences", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -275,7 +280,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        body = parse_body(raw)
+        body = read_body(raw)
         call = parse_responses_request(body, s.responses, gateway.reasoning)
         call.req.size = len(raw) + (call.previous.size if call.previous is not None else 0)
         try:
@@ -291,7 +296,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        body = parse_body(raw)
+        body = read_body(raw)
         call = parse_responses_request(body, s.responses, gateway.reasoning)
         size = len(raw) + (call.previous.size if call.previous is not None else 0)
         try:
@@ -325,7 +330,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        units, tools, kwargs = parse_count_request(parse_body(raw), gateway.reasoning)
+        units, tools, kwargs = parse_count_request(read_body(raw), gateway.reasoning)
         n = await gateway.count_prompt(sid, units, tools, size=len(raw), template_kwargs=kwargs)
         return _json({"input_tokens": n})
 

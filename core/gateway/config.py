@@ -63,6 +63,12 @@ class GatewayConfig:
     """Let requests set temperature/top_p/top_k. Off for training: the session's values
     win so the trainer knows the distribution its logprobs came from (max_tokens may
     always be lowered and stop strings always added; each turn's params are recorded)."""
+    ignore_request_fields: list[str] = field(default_factory=list)
+    """Top-level request fields dropped before a request is read, on every route (chat,
+    messages, Responses): the escape hatch for a client that sends a field the gateway does
+    not know (refused with a 400 by default, since it might change what the model produces)
+    or cannot honour. The gateway then acts as if it had not been sent; list only fields
+    you know do not matter for what you train (docs/gateway.md, Request fields)."""
     admin_token: str = ""
     """Token the admin routes require; empty generates a random one at start."""
 
@@ -81,6 +87,15 @@ class GatewayConfig:
             "max_stop_strings": self.max_stop_strings,
             "render_offload_chars": self.render_offload_chars,
         }
+        if not isinstance(self.ignore_request_fields, list | tuple) or not all(
+            isinstance(f, str) and f for f in self.ignore_request_fields
+        ):
+            raise ConfigError(
+                f"gateway.ignore_request_fields must be a list of field names, got {self.ignore_request_fields!r}"
+            )
+        owned = sorted({"messages", "input", "max_tokens"} & set(self.ignore_request_fields))
+        if owned:
+            raise ConfigError(f"gateway.ignore_request_fields may not drop {owned}: a request cannot be read without them")
         negative = {k: v for k, v in limits.items() if v < 0}
         if negative:
             raise ConfigError(

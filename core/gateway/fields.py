@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from core.gateway.errors import bad_request
 
-__all__ = ["ANTHROPIC_UNHONOURED", "OPENAI_UNHONOURED", "Unhonoured", "opt_bool", "opt_int", "opt_number", "opt_stop",
-           "preview", "refuse_unhonoured", "short_repr"]
+__all__ = ["ANTHROPIC_FIELDS", "ANTHROPIC_UNHONOURED", "CHAT_FIELDS", "OPENAI_UNHONOURED", "Fields", "Unhonoured",
+           "check_fields", "drop_ignored", "key_list", "opt_bool", "opt_int", "opt_number", "opt_stop", "preview", "refuse_unhonoured",
+           "short_repr"]
 
 
 def short_repr(v: Any, limit: int = 60) -> str:
@@ -27,6 +29,14 @@ def short_repr(v: Any, limit: int = 60) -> str:
     if isinstance(v, str):
         return repr(v[:limit])
     return repr(v)[:limit]
+
+
+def key_list(keys: Any, limit: int = 10) -> str:
+    """Some of a client's object keys for an error message: sorted, each cut short, at most
+    ``limit`` of them (a hostile object may have thousands of long keys)."""
+    names = sorted(str(k) for k in keys)
+    shown = ", ".join(short_repr(k, 40) for k in names[:limit])
+    return f"[{shown}{', ...' if len(names) > limit else ''}]"
 
 
 def preview(v: Any, limit: int = 40) -> str:
@@ -104,7 +114,7 @@ def _one(v: Any) -> bool:
 
 
 def _empty(v: Any) -> bool:
-    return v in ({}, [], "", False)
+    return v in ({}, [], "", False) or (isinstance(v, dict) and all(x is None for x in v.values()))
 
 
 def _false(v: Any) -> bool:
@@ -119,14 +129,17 @@ OPENAI_UNHONOURED: Unhonoured = {
     "logit_bias": (_empty, _SAMPLER),
     "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text" and len(v) == 1,
                         "structured output (json_object / json_schema) needs constrained decoding, which the "
-                        "gateway's samplers do not do; ask for JSON in the prompt and parse the text"),
+                        "gateway's samplers do not do; ask for JSON in the prompt and parse the text, or have "
+                        "the framework return it through a tool call (LangChain: with_structured_output("
+                        "method='function_calling'))"),
     "functions": (_empty, "the legacy 'functions' field is not supported; send 'tools'"),
     "function_call": (lambda v: v in ("none", "auto"), "the legacy 'function_call' field is not supported; "
                       "send 'tool_choice'"),
     "audio": (_empty, "the model answers in text only"),
     "modalities": (lambda v: v == ["text"], "the model answers in text only; send ['text'] or drop it"),
     "web_search_options": (_empty, "the gateway has no web search; drop it"),
-    "verbosity": (_empty, "the model has no verbosity control; drop it"),
+    "verbosity": (lambda v: v == "medium", "the model has no verbosity control; send 'medium' or drop it"),
+    "moderation": (_empty, "the gateway moderates neither the input nor the output; drop it"),
     # vLLM / SGLang extensions clients pass through extra_body
     "repetition_penalty": (_one, _SAMPLER),
     "length_penalty": (_one, _SAMPLER),
@@ -172,3 +185,74 @@ def refuse_unhonoured(body: dict[str, Any], table: Unhonoured) -> None:
             raise bad_request(
                 f"'{key}' is not supported by this gateway ({hint}); got {preview(v, 60)}", param=key
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """Every top-level field one dialect knows, by what the gateway does with it."""
+
+    dialect: str
+    """How error messages name the route (``chat completions``)."""
+    read: frozenset[str]
+    """Fields the parser reads and honours (or refuses by value)."""
+    harmless: frozenset[str]
+    """Fields accepted and ignored: they cannot change what the model may produce."""
+    unhonoured: Unhonoured
+    """Fields refused unless neutral (``refuse_unhonoured``)."""
+
+
+CHAT_FIELDS = Fields(
+    dialect="chat completions",
+    read=frozenset({
+        "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "top_k", "stop", "n", "stream", "stream_options", "seed", "logprobs",
+        "top_logprobs", "reasoning_effort", "chat_template_kwargs",
+    }),
+    harmless=frozenset({
+        "model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+        "prompt_cache_options", "safety_identifier", "prediction",
+    }),
+    unhonoured=OPENAI_UNHONOURED,
+)
+"""OpenAI ``/v1/chat/completions``: ``prediction`` only speeds decoding up (the output is the
+model's either way); the other harmless fields are billing, caching and storage hints."""
+
+ANTHROPIC_FIELDS = Fields(
+    dialect="messages",
+    read=frozenset({
+        "messages", "system", "tools", "tool_choice", "max_tokens", "temperature", "top_p", "top_k",
+        "stop_sequences", "stream", "thinking",
+    }),
+    harmless=frozenset({
+        "model", "metadata", "service_tier", "cache_control", "inference_geo", "speed", "workspace_id",
+        "user_profile_id", "diagnostics",
+    }),
+    unhonoured=ANTHROPIC_UNHONOURED,
+)
+"""Anthropic ``/v1/messages`` (and ``count_tokens``): the harmless fields are routing, caching,
+speed and attribution hints (``diagnostics`` only asks for cache-miss reasons)."""
+
+
+def check_fields(body: dict[str, Any], fields: Fields) -> None:
+    """400 naming a field of ``body`` the dialect does not know, or an unhonoured one set to a
+    value that is not neutral. Unknown fields are refused, not ignored: one may change what
+    the model produces (``gateway.ignore_request_fields`` drops named ones first). Null
+    counts as absent, as on the Responses route."""
+    for key, value in body.items():
+        if value is None or key in fields.read or key in fields.harmless or key in fields.unhonoured:
+            continue
+        name = short_repr(key, 60)
+        raise bad_request(
+            f"{name} is not a {fields.dialect} field this gateway knows; it is refused rather than ignored "
+            "because it might change what the model produces. Drop it, or list it in the gateway config's "
+            "gateway.ignore_request_fields to have it ignored (docs/gateway.md, Request fields)",
+            param=key[:60],
+        )
+    refuse_unhonoured(body, fields.unhonoured)
+
+
+def drop_ignored(body: dict[str, Any], ignore: frozenset[str]) -> dict[str, Any]:
+    """``body`` without the fields ``gateway.ignore_request_fields`` names (a copy, when it had any)."""
+    if not ignore or ignore.isdisjoint(body):
+        return body
+    return {k: v for k, v in body.items() if k not in ignore}

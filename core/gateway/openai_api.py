@@ -15,12 +15,13 @@ from typing import Any
 
 from core.gateway.errors import bad_request
 from core.gateway.fields import (
-    OPENAI_UNHONOURED,
+    CHAT_FIELDS,
+    check_fields,
+    key_list,
     opt_bool,
     opt_int,
     opt_number,
     opt_stop,
-    refuse_unhonoured,
 )
 from core.gateway.messages import openai_tools, openai_units
 from core.gateway.service import TurnRequest, TurnResult
@@ -48,6 +49,7 @@ def parse_chat_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tu
     """
     if "messages" not in body:
         raise bad_request("'messages' is required: a non-empty list of chat messages", param="messages")
+    check_fields(body, CHAT_FIELDS)
     n = opt_int(body, "n")
     if n not in (None, 1):
         raise bad_request(f"'n' must be 1 (one completion per turn), got {n}", param="n")
@@ -63,13 +65,12 @@ def parse_chat_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tu
         unknown = sorted(set(options) - _STREAM_OPTIONS)
         if unknown:
             raise bad_request(
-                f"'stream_options' has unknown keys {unknown}; known: {sorted(_STREAM_OPTIONS)}", param="stream_options"
+                f"'stream_options' has unknown keys {key_list(unknown)}; known: {sorted(_STREAM_OPTIONS)}", param="stream_options"
             )
         for key in _STREAM_OPTIONS & options.keys():
             if not isinstance(options[key], bool | None):
                 raise bad_request(f"'stream_options.{key}' must be true or false", param="stream_options")
         include_usage = options.get("include_usage") is True
-    refuse_unhonoured(body, OPENAI_UNHONOURED)
     seed = opt_int(body, "seed")
     if seed is not None and not -_MAX_SEED <= seed < _MAX_SEED:
         raise bad_request(f"'seed' must be a 64-bit integer, got {seed}", param="seed")

@@ -26,7 +26,7 @@ from typing import Any
 
 from core.gateway import safejson
 from core.gateway.errors import bad_request
-from core.gateway.fields import preview
+from core.gateway.fields import key_list, preview
 
 __all__ = ["AS_IS", "Reasoning", "anthropic_thinking", "openai_reasoning", "template_kwargs", "template_reasoning"]
 
@@ -83,7 +83,9 @@ def anthropic_thinking(body: dict[str, Any], reasoning: Reasoning, max_tokens: i
 
     ``{"type": "enabled", "budget_tokens": N}`` turns the template's switch on (or is
     accepted by a template that always reasons), ``{"type": "disabled"}`` turns it off
-    (or is accepted by a template that never reasons). ``budget_tokens`` is checked as
+    (or is accepted by a template that never reasons), ``{"type": "adaptive"}`` (the model
+    decides) leaves the template's default. ``display`` may be ``summarized`` (the
+    reasoning is returned as is); ``omitted`` is refused (the reasoning is always returned). ``budget_tokens`` is checked as
     Anthropic does (an integer >= 1024 below ``max_tokens``); the samplers cannot stop
     thinking at a separate budget, so ``max_tokens`` bounds reasoning and answer together
     (Anthropic too treats the budget as a target, not a cap).
@@ -91,13 +93,23 @@ def anthropic_thinking(body: dict[str, Any], reasoning: Reasoning, max_tokens: i
     v = body.get("thinking")
     if v is None:
         return {}
-    if not isinstance(v, dict) or v.get("type") not in ("enabled", "disabled"):
+    if not isinstance(v, dict) or v.get("type") not in ("enabled", "disabled", "adaptive"):
         raise bad_request(
-            "'thinking' must be {'type': 'enabled', 'budget_tokens': N} or {'type': 'disabled'}", param="thinking"
+            "'thinking' must be {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'} or "
+            f"{{'type': 'disabled'}}, got {preview(v.get('type') if isinstance(v, dict) else v)}",
+            param="thinking",
         )
-    extra = set(v) - {"type", "budget_tokens"}
+    extra = set(v) - {"type", "budget_tokens", "display"}
     if extra:
-        raise bad_request(f"'thinking' has unknown keys {sorted(extra)}", param="thinking")
+        raise bad_request(f"'thinking' has unknown keys {key_list(extra)}", param="thinking")
+    if v.get("display") not in (None, "summarized"):
+        raise bad_request(
+            f"'thinking.display' is {preview(v.get('display'))}: the gateway returns the model's reasoning as "
+            "thinking blocks and cannot omit it; send 'summarized' or drop it",
+            param="thinking",
+        )
+    if v["type"] == "adaptive":
+        return {}  # the model decides: the template's own default
     if v["type"] == "enabled":
         budget = v.get("budget_tokens")
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:

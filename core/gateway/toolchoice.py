@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.gateway.errors import bad_request
-from core.gateway.fields import preview, short_repr
+from core.gateway.fields import key_list, preview, short_repr
 
 __all__ = ["AUTO", "Enforced", "ToolChoice", "anthropic_tool_choice", "enforce", "openai_tool_choice"]
 
@@ -203,7 +203,7 @@ def anthropic_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | No
         )
     extra = set(v) - _ANTHROPIC_KEYS
     if extra:
-        raise bad_request(f"'tool_choice' has unknown keys {sorted(extra)}", param="tool_choice")
+        raise bad_request(f"'tool_choice' has unknown keys {key_list(extra)}", param="tool_choice")
     kind = v.get("type")
     single = v.get("disable_parallel_tool_use")
     if single is not None and not isinstance(single, bool):

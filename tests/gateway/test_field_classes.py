@@ -1,0 +1,259 @@
+"""Every top-level request field is honoured, harmless to ignore, or refused with a 400 naming it.
+
+The field lists come from the official SDKs' own typed request params, so a field
+a new SDK release adds fails ``test_every_sdk_field_is_classified`` until it is
+classified in ``core.gateway.fields`` (or, for Responses, ``responses_api``).
+Most checks call the dialect parsers directly (cheap); one test goes over HTTP
+to check the escape hatch ``gateway.ignore_request_fields`` end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from anthropic.types import message_create_params
+from openai.types.chat import completion_create_params
+from openai.types.responses import response_create_params
+
+from core.errors import ConfigError
+from core.gateway import GatewayConfig
+from core.gateway.anthropic_api import parse_count_request, parse_messages_request
+from core.gateway.errors import GatewayError
+from core.gateway.fields import ANTHROPIC_FIELDS, CHAT_FIELDS, Fields
+from core.gateway.openai_api import parse_chat_request
+from core.gateway.responses_api import _NO_EFFECT, _USED, parse_responses_request
+from core.gateway.thinking import Reasoning
+from tests.gateway.conftest import Harness
+
+
+def _sdk_fields(*classes: type) -> set[str]:
+    names: set[str] = set()
+    for cls in classes:
+        for klass in cls.__mro__:
+            names |= set(getattr(klass, "__annotations__", {}))
+    return names
+
+
+CHAT_SDK = _sdk_fields(
+    completion_create_params.CompletionCreateParamsStreaming, completion_create_params.CompletionCreateParamsNonStreaming
+)
+ANTHROPIC_SDK = _sdk_fields(
+    message_create_params.MessageCreateParamsStreaming, message_create_params.MessageCreateParamsNonStreaming
+)
+RESPONSES_SDK = _sdk_fields(
+    response_create_params.ResponseCreateParamsStreaming, response_create_params.ResponseCreateParamsNonStreaming
+)
+RESPONSES_REFUSED = {"access_programs", "background_options", "context_management", "conversation", "image",
+                     "moderation", "prompt"}
+"""Responses fields the SDK lists that the gateway refuses (its field list is closed)."""
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _classes(fields: Fields) -> set[str]:
+    return set(fields.read) | set(fields.harmless) | set(fields.unhonoured)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "sdk", "known"),
+    [
+        ("chat", CHAT_SDK, _classes(CHAT_FIELDS)),
+        ("anthropic", ANTHROPIC_SDK, _classes(ANTHROPIC_FIELDS)),
+        ("responses", RESPONSES_SDK, set(_USED) | set(_NO_EFFECT) | RESPONSES_REFUSED),
+    ],
+)
+def test_every_sdk_field_is_classified(dialect: str, sdk: set[str], known: set[str]) -> None:
+    """A field the SDK can send and the gateway has not classified would be refused as unknown;
+    this fails first so that someone decides (docs/gateway.md, Request fields)."""
+    assert len(sdk) > 15, sdk  # the SDK's params were read
+    missing = sorted(sdk - known)
+    assert not missing, f"{dialect}: classify {missing} in core/gateway/fields.py and docs/gateway.md"
+
+
+def test_classes_do_not_overlap() -> None:
+    for fields in (CHAT_FIELDS, ANTHROPIC_FIELDS):
+        assert not fields.read & fields.harmless
+        assert not (fields.read | fields.harmless) & set(fields.unhonoured)
+    assert not _USED & _NO_EFFECT
+
+
+# ---------------------------------------------------------------- unknown and unhonoured fields
+
+def _same(parsed: Any) -> Any:
+    """A parse result comparable with ``==`` (units by their canonical messages)."""
+    req, *rest = parsed
+    return dataclasses.replace(req, units=[m for u in req.units for m in u.canon()]), *rest
+
+
+def _chat(body: dict[str, Any]) -> Any:
+    return parse_chat_request({"messages": USER, **body})
+
+
+def _messages(body: dict[str, Any]) -> Any:
+    return parse_messages_request({"messages": USER, "max_tokens": 64, **body})
+
+
+def _count(body: dict[str, Any]) -> Any:
+    return parse_count_request({"messages": USER, **body})
+
+
+def _responses(body: dict[str, Any]) -> Any:
+    return parse_responses_request({"input": "hi", **body}, {})
+
+
+PARSERS = {"chat": _chat, "messages": _messages, "count_tokens": _count, "responses": _responses}
+
+
+@pytest.mark.parametrize("route", sorted(PARSERS))
+def test_unknown_fields_are_refused_naming_the_field_and_the_escape_hatch(route: str) -> None:
+    with pytest.raises(GatewayError) as exc:
+        PARSERS[route]({"frobnicate": 1})
+    err = exc.value
+    assert err.status == 400 and err.param == "frobnicate" and "'frobnicate'" in err.message
+    if route != "responses":
+        assert "gateway.ignore_request_fields" in err.message
+    with pytest.raises(GatewayError) as exc:
+        PARSERS[route]({"k" * 10_000: 1})  # a hostile name is quoted cut short
+    assert len(exc.value.message) < 1000 and exc.value.param is not None and len(exc.value.param) <= 60
+    PARSERS[route]({"frobnicate": None})  # null counts as absent
+
+
+HARMLESS_VALUES: dict[str, Any] = {
+    "model": "anything", "user": "u1", "metadata": {"k": "v"}, "store": True, "service_tier": "flex",
+    "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit"},
+    "safety_identifier": "s", "prediction": {"type": "content", "content": "x"},
+    "cache_control": {"type": "ephemeral"}, "inference_geo": "us", "speed": "fast", "workspace_id": "w",
+    "user_profile_id": "p", "diagnostics": {"previous_message_id": "msg_1"},
+}
+
+
+@pytest.mark.parametrize(("route", "fields"), [("chat", CHAT_FIELDS), ("messages", ANTHROPIC_FIELDS)])
+def test_harmless_fields_change_nothing(route: str, fields: Fields) -> None:
+    """Each harmless field, set, yields the same turn request as without it."""
+    plain = _same(PARSERS[route]({}))
+    for name in sorted(fields.harmless):
+        assert _same(PARSERS[route]({name: HARMLESS_VALUES[name]})) == plain, name
+
+
+REFUSED_VALUES: dict[str, Any] = {
+    "frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"42": 5}, "response_format": {"type": "json_object"},
+    "functions": [{"name": "f"}], "function_call": {"name": "f"}, "audio": {"voice": "alloy", "format": "wav"},
+    "modalities": ["text", "audio"], "web_search_options": {"search_context_size": "low"}, "verbosity": "low",
+    "moderation": {"model": "omni"}, "repetition_penalty": 1.1, "length_penalty": 0.5, "min_p": 0.1, "min_tokens": 3,
+    "ignore_eos": True, "bad_words": ["x"], "allowed_token_ids": [1], "best_of": 2, "use_beam_search": True,
+    "prompt_logprobs": 1, "echo": True, "add_generation_prompt": False, "continue_final_message": True,
+    "chat_template": "{{ x }}", "documents": [{"text": "d"}], "include_stop_str_in_output": True,
+    "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ["a"], "guided_grammar": "g",
+    "structured_outputs": {"json": {}}, "container": "c1", "mcp_servers": [{"type": "url", "url": "http://x"}],
+    "context_management": {"edits": []}, "output_format": {"type": "json_schema"},
+    "output_config": {"effort": "low"},
+}
+
+
+@pytest.mark.parametrize(("route", "fields"), [("chat", CHAT_FIELDS), ("messages", ANTHROPIC_FIELDS)])
+def test_unhonoured_fields_are_refused_by_value(route: str, fields: Fields) -> None:
+    for name in sorted(fields.unhonoured):
+        with pytest.raises(GatewayError) as exc:
+            PARSERS[route]({name: REFUSED_VALUES[name]})
+        assert exc.value.param == name and f"'{name}'" in exc.value.message, name
+
+
+def test_chat_neutral_values_are_accepted() -> None:
+    plain = _same(_chat({}))
+    for body in ({"verbosity": "medium"}, {"moderation": {}}, {"response_format": {"type": "text"}},
+                 {"modalities": ["text"]}, {"min_p": 0}, {"best_of": 1}):
+        assert _same(_chat(body)) == plain, body
+    assert _same(_messages({"output_config": {"effort": None, "format": None}})) == _same(_messages({}))
+
+
+# ---------------------------------------------------------------- hostile values
+
+def _deep(n: int) -> Any:
+    return json.loads("[" * n + "]" * n)
+
+
+HOSTILE: list[Any] = [
+    _deep(900), 10**400, -(10**30), float("nan"), float("inf"), "x" * 200_000, {str(i): i for i in range(5000)},
+    [None] * 5000, True, "", {}, [], -1, 0, 1.5, "\ud800",
+]
+
+
+def _fields_of(route: str) -> list[str]:
+    if route == "chat":
+        return sorted(_classes(CHAT_FIELDS) - {"messages"})
+    if route in ("messages", "count_tokens"):
+        return sorted(_classes(ANTHROPIC_FIELDS) - {"messages", "max_tokens"})
+    return sorted((set(_USED) | set(_NO_EFFECT) | RESPONSES_REFUSED) - {"input"})
+
+
+@pytest.mark.parametrize("route", sorted(PARSERS))
+def test_hostile_values_of_every_field_are_a_400_or_accepted_never_a_crash(route: str) -> None:
+    """Deep nesting, huge numbers, NaN, big strings and objects, lone surrogates in each known
+    field: the parser either accepts the value or raises a 400 naming a field (a
+    ``GatewayError``), which the route answers; anything else would be a 500."""
+    refused, wrong = 0, []
+    for name in _fields_of(route):
+        for i, value in enumerate(HOSTILE):
+            try:
+                PARSERS[route]({name: value})
+            except GatewayError as err:
+                refused += 1
+                if err.status != 400 or not err.param or len(err.message) > 1000:
+                    wrong.append((name, i, err.status, err.param, err.message[:100]))
+            except Exception as exc:  # noqa: BLE001 - what the route would answer with a 500
+                wrong.append((name, i, type(exc).__name__, str(exc)[:100]))
+    assert not wrong
+    assert refused > len(_fields_of(route)) * 4  # most hostile values are refused
+
+
+# ---------------------------------------------------------------- Anthropic thinking shapes
+
+SWITCH = Reasoning(switch="enable_thinking")
+
+
+def test_anthropic_thinking_adaptive_and_display() -> None:
+    req, _ = parse_messages_request({"messages": USER, "max_tokens": 64, "thinking": {"type": "adaptive"}}, SWITCH)
+    assert req.template_kwargs is None  # the model decides: the template's default
+    req, _ = parse_messages_request(
+        {"messages": USER, "max_tokens": 4096, "thinking": {"type": "enabled", "budget_tokens": 1024,
+                                                             "display": "summarized"}}, SWITCH)
+    assert req.template_kwargs == {"enable_thinking": True}
+    for thinking in ({"type": "adaptive", "display": "omitted"}, {"type": "between_tools"}, {"type": "adaptive", "x": 1}):
+        with pytest.raises(GatewayError) as exc:
+            parse_messages_request({"messages": USER, "max_tokens": 64, "thinking": thinking}, SWITCH)
+        assert exc.value.param == "thinking", thinking
+
+
+# ---------------------------------------------------------------- over HTTP: the escape hatch
+
+def test_ignore_request_fields_drops_named_fields_on_every_route(make_harness: Any) -> None:
+    h: Harness = make_harness(config=GatewayConfig(ignore_request_fields=["x_trace", "logit_bias"]))
+    h.sampler.default = h.reply("ok")
+    sid = h.session()
+    client = h.openai(sid)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="tiny", messages=USER, extra_body={"x_other": 1})  # type: ignore[arg-type]
+    assert exc.value.response.json()["error"]["param"] == "x_other"
+    out = client.chat.completions.create(
+        model="tiny", messages=USER, logit_bias={"5": 100}, extra_body={"x_trace": {"id": 1}}  # type: ignore[arg-type]
+    )
+    assert out.choices[0].message.content == "ok"
+    msg = h.anthropic(sid).messages.create(model="tiny", max_tokens=64, messages=USER, extra_body={"x_trace": 1})  # type: ignore[arg-type]
+    assert msg.content[0].text == "ok"  # type: ignore[union-attr]
+    with pytest.raises(anthropic.BadRequestError):
+        h.anthropic(sid).messages.create(model="tiny", max_tokens=64, messages=USER, extra_body={"x_other": 1})  # type: ignore[arg-type]
+    resp = client.responses.create(model="tiny", input="hi", extra_body={"x_trace": 1})
+    assert resp.output_text == "ok"
+    assert len(h.sampler.calls) == 3
+
+
+def test_ignore_request_fields_is_checked() -> None:
+    with pytest.raises(ConfigError, match="messages"):
+        GatewayConfig(ignore_request_fields=["messages"])
+    with pytest.raises(ConfigError, match="list of field names"):
+        GatewayConfig(ignore_request_fields="logit_bias")  # type: ignore[arg-type]
