@@ -53,7 +53,7 @@ from core.gateway.history import (
     reserve_prompt,
 )
 from core.gateway.messages import Unit, canonical_tool_call, raws_of
-from core.gateway.reasoning import get_reasoning_parser
+from core.gateway.reasoning import get_reasoning_parser, prompt_opens_think
 from core.gateway.render import (
     ChatRenderer,
     InvalidText,
@@ -79,6 +79,9 @@ _R = TypeVar("_R")
 
 RENDER_THREADS = 2
 """Worker threads for large renders (``Gateway._render``), per gateway."""
+
+_THINK_TAIL = 24
+"""Prompt tokens ``_prompt_opens_think`` decodes: enough for ``<think>\\n`` spelled in bytes."""
 
 RENDER_VARIANTS = 8
 """Renderers kept for requests' own template variables (``Gateway.renderer_for``)."""
@@ -634,7 +637,7 @@ class Gateway:
                 text = text[:at]
         reasoning = ""
         if self._split_reasoning is not None:
-            reasoning, text = self._split_reasoning(text)
+            reasoning, text = self._split_reasoning(text, self._prompt_opens_think(prompt, prompt_len))
         parsed = self._parse_reply(text) if req.tools else ParsedOutput(content=text)
         offered = {t["function"]["name"] for t in req.tools or ()}
         for name, _ in parsed.tool_calls:
@@ -710,6 +713,15 @@ class Gateway:
             reasoning=reasoning,
         )
 
+
+    def _prompt_opens_think(self, prompt: list[int], prompt_len: int) -> bool:
+        """The generation prompt ended inside a ``<think>`` block the template opened (DeepSeek R1,
+        Qwen3 Thinking-2507), so the turn starts in its reasoning. Read from the prompt's last
+        tokens (a few, decoded: the tags may be special tokens or several byte-level ones);
+        only the ``think`` parser asks."""
+        if self.reasoning_parser_name != "think":
+            return False
+        return prompt_opens_think(self.renderer.decode(prompt[max(0, prompt_len - _THINK_TAIL) : prompt_len]))
 
     def _parse_reply(self, text: str) -> ParsedOutput:
         """The tool parser's reading of a reply; any failure is an ill-formed call, never an error:

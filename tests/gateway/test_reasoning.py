@@ -11,7 +11,7 @@ from core.gateway import GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.harmony import parse_harmony, split_harmony
 from core.gateway.messages import anthropic_units, openai_units
-from core.gateway.reasoning import get_reasoning_parser, split_think
+from core.gateway.reasoning import get_reasoning_parser, prompt_opens_think, split_think
 from core.gateway.toolparse import detect_parser, parse_deepseek_v3
 from core.samplers import ScriptedSampler
 from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer
@@ -19,18 +19,53 @@ from tests.gateway.conftest import Harness
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("text", "opened", "expected"),
     [
-        ("<think>\nplan\n</think>\n\nanswer", ("plan", "answer")),
-        ("plan\n</think>\n\nanswer", ("plan", "answer")),  # <think> was in the generation prompt (R1)
-        ("<think>\n\n</think>\n\nanswer", ("", "answer")),
-        ("<think>\ncut off mid-thought", ("cut off mid-thought", "")),
-        ("no reasoning here", ("", "no reasoning here")),
-        ("text first <think>x</think> y", ("", "text first <think>x</think> y")),
+        ("<think>\nplan\n</think>\n\nanswer", False, ("plan", "answer")),
+        ("<think>\nplan\n</think>\n\nanswer", True, ("plan", "answer")),
+        ("plan\n</think>\n\nanswer", True, ("plan", "answer")),  # <think> was in the generation prompt (R1)
+        # No block was open (Qwen3 hybrid, thinking off): a stray </think> is text the model wrote.
+        ("plan\n</think>\n\nanswer", False, ("", "plan\n</think>\n\nanswer")),
+        ("<think>\n\n</think>\n\nanswer", False, ("", "answer")),
+        ("<think>\ncut off mid-thought", False, ("cut off mid-thought", "")),
+        ("\ncut off mid-thought", True, ("cut off mid-thought", "")),  # R1, cut off before </think>
+        ("no reasoning here", False, ("", "no reasoning here")),
+        ("text first <think>x</think> y", False, ("", "text first <think>x</think> y")),
     ],
 )
-def test_split_think(text: str, expected: tuple[str, str]) -> None:
-    assert split_think(text) == expected
+def test_split_think(text: str, opened: bool, expected: tuple[str, str]) -> None:
+    assert split_think(text, opened) == expected
+
+
+def test_prompt_opens_think() -> None:
+    assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_think("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking switched off
+    assert not prompt_opens_think("<|im_start|>assistant\n")
+
+
+R1_LIKE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if open_think is defined and open_think %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
+    "{#- </think> -#}"
+)
+"""A minimal template that opens the reasoning block in its generation prompt when asked
+(as DeepSeek R1 and Qwen3 Thinking-2507 do), written here."""
+
+
+def test_a_stray_close_tag_splits_only_where_the_prompt_opened_the_block(make_harness: Any) -> None:
+    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320, chat_template=R1_LIKE)
+    h: Harness = make_harness(tokenizer=tok)
+    assert h.gw.reasoning_parser_name == "think"
+    text = "plan\n</think>\n\nanswer"
+    h.push(text, text)
+    client = h.openai(h.session())
+    opened = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "q"}], extra_body={"chat_template_kwargs": {"open_think": True}}
+    ).choices[0].message
+    assert (opened.content, getattr(opened, "reasoning_content", None)) == ("answer", "plan")
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}]).choices[0].message
+    assert plain.content == text and getattr(plain, "reasoning_content", None) is None
 
 
 def test_reasoning_parser_is_detected_from_the_template_and_can_be_set() -> None:
