@@ -319,7 +319,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
 
     async def get_response(request: Request) -> Response:
         stored, rid = _stored(request)
-        return _json(stored[rid].response)
+        return _json(stored[rid].full())
 
     async def delete_response(request: Request) -> Response:
         stored, rid = _stored(request)

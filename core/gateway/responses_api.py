@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
@@ -35,6 +36,7 @@ from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.session import Session
 from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning
+from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import ToolChoice, openai_tool_choice
 from core.types import FinishReason
 
@@ -79,6 +81,20 @@ class StoredResponse:
     """The response object as returned."""
     size: int
     """Rough bytes of the whole conversation (sizes a full render, see ``TurnRequest.size``)."""
+    logprobs: list[TokenLogprob] | None = None
+    """The message's sampled-token logprobs when they were asked for. Kept as the turn's
+    ``TokenLogprob`` objects (slotted; their strings and byte lists shared with the gateway's
+    ``TokenText`` cache), not as the per-token dicts the response carried (several times the
+    memory, for the session's life): ``response`` and ``groups`` hold the message with
+    ``logprobs: []``, and ``full`` puts them back."""
+
+    def full(self) -> dict[str, Any]:
+        """The response object as it was returned (``GET /v1/responses/{id}``)."""
+        if self.logprobs is None:
+            return self.response
+        wire = _wire_logprobs(self.logprobs)
+        output = [_with_logprobs(item, wire) if item["type"] == "message" else item for item in self.response["output"]]
+        return {**self.response, "output": output}
 
     def conversation(self) -> list[Any]:
         """Every unit raw of the conversation up to and including this response's output."""
@@ -301,9 +317,7 @@ def _output_items(result: TurnResult) -> list[dict[str, Any]]:
             "status": "completed",
         })
     done = "incomplete" if result.finish_reason is FinishReason.LENGTH else "completed"
-    logprobs = [
-        {"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": []} for e in result.logprobs or ()
-    ]
+    logprobs = _wire_logprobs(result.logprobs or ())
     if result.content or not result.tool_calls or result.logprobs is not None:
         # Asked-for logprobs ride on the message, so a turn of only tool calls gets an empty
         # one; sent back, it changes nothing (an empty message merges into the calls' turn).
@@ -318,6 +332,15 @@ def _output_items(result: TurnResult) -> list[dict[str, Any]]:
             "name": fn["name"], "arguments": _wire_args(fn["arguments"]), "status": "completed",
         })
     return items
+
+
+def _wire_logprobs(entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    return [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": []} for e in entries]
+
+
+def _with_logprobs(item: dict[str, Any], logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A message item (copied) whose ``output_text`` carries ``logprobs``."""
+    return {**item, "content": [{**item["content"][0], "logprobs": logprobs}]}
 
 
 def finish_response(session: Session, call: ResponsesCall, result: TurnResult, model: str) -> dict[str, Any]:
@@ -366,9 +389,15 @@ def finish_response(session: Session, call: ResponsesCall, result: TurnResult, m
             for key in ("tools", "instructions"):
                 if response[key] == last.response[key]:
                     response[key] = last.response[key]
+        kept, logprobs = response, None
+        if result.logprobs is not None:
+            # Stored without the per-token dicts (StoredResponse.logprobs); the client gets them now.
+            logprobs = result.logprobs
+            output = [_with_logprobs(item, []) if item["type"] == "message" else item for item in output]
+            kept = {**response, "output": output}
         size = call.req.size + len(json.dumps(output))
         new = [*raws[call.first_new :], output]
-        session.responses[response["id"]] = StoredResponse(call.previous, new, response, size)
+        session.responses[response["id"]] = StoredResponse(call.previous, new, kept, size, logprobs)
     return response
 
 

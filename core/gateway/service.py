@@ -310,6 +310,7 @@ class Gateway:
             raise session_closed(f"session {_redact(sid)} was already finished")
         rows = self.peek_rows(sid)
         s.closed = True
+        s.release()
         return rows
 
     async def afinish_session(self, sid: str, *, wait_s: float = 5.0) -> list[TraceRecord]:
@@ -328,6 +329,7 @@ class Gateway:
         s = self._sessions.pop(sid, None)
         if s is not None:
             s.closed = True
+            s.release()
 
     def open_session(self, sid: str) -> Session:
         """The open session ``sid``: 401 when unknown, 409 when finished."""

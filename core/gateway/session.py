@@ -81,6 +81,13 @@ class Session:
     """Responses API: the stored responses by id (``core.gateway.responses_api.StoredResponse``),
     kept while the session lives, for ``previous_response_id``."""
 
+    def release(self) -> None:
+        """Let go of what only an open session needs, once it is finished or dropped: the stored
+        Responses (``previous_response_id`` and ``GET`` need an open session) and the last match.
+        The turns and the history tree stay: the rows are built from them."""
+        self.responses = {}
+        self.matched = None
+
     def summary(self) -> dict[str, Any]:
         """JSON-able view for the admin routes."""
         return {

@@ -47,7 +47,15 @@ def _byte_table() -> dict[str, int]:
 
 
 class TokenText:
-    """Token id -> (text, bytes) for one tokenizer."""
+    """Token id -> (text, bytes) for one tokenizer, cached per id.
+
+    Why a cache: the conversion runs on the event loop for every turn that asks for
+    logprobs; a turn reuses few distinct ids, so after warm-up a 4000-token turn costs
+    dictionary lookups instead of thousands of tokenizer calls (misses are converted in
+    one batch call). Bounded: cleared past ``CACHE_IDS`` ids.
+    """
+
+    CACHE_IDS = 65_536
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
@@ -56,20 +64,32 @@ class TokenText:
         self._byte_level = type(decoder).__name__ == "ByteLevel"
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self._added = frozenset(int(i) for i in added)
+        self._cache: dict[int, tuple[str, list[int]]] = {}
 
-    def _bytes(self, token_id: int) -> bytes:
+    def _bytes(self, token_id: int, piece: Any) -> bytes:
         if self._byte_level and token_id not in self._added:
-            piece = self._tokenizer.convert_ids_to_tokens(token_id)
             table = _byte_table()
             if isinstance(piece, str) and all(c in table for c in piece):
                 return bytes(table[c] for c in piece)
         text = self._tokenizer.decode([token_id], skip_special_tokens=False)
         return str(text).encode("utf-8", errors="surrogatepass")
 
+    def _fill(self, ids: list[int]) -> None:
+        pieces = self._tokenizer.convert_ids_to_tokens(ids) if self._byte_level else [None] * len(ids)
+        for t, piece in zip(ids, pieces, strict=True):
+            raw = self._bytes(t, piece)
+            # The bytes list is shared by every entry of this id: nothing mutates it.
+            self._cache[t] = (raw.decode("utf-8", errors="replace"), list(raw))
+
     def logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[TokenLogprob]:
         """One ``TokenLogprob`` per token."""
-        out = []
-        for t, lp in zip(token_ids, logprobs, strict=True):
-            raw = self._bytes(int(t))
-            out.append(TokenLogprob(raw.decode("utf-8", errors="replace"), float(lp), list(raw)))
-        return out
+        ids = [int(t) for t in token_ids]
+        cache = self._cache
+        distinct = set(ids)
+        missing = [t for t in distinct if t not in cache]
+        if missing:
+            if len(cache) + len(missing) > self.CACHE_IDS:
+                cache.clear()
+                missing = list(distinct)
+            self._fill(missing)
+        return [TokenLogprob(cache[t][0], float(lp), cache[t][1]) for t, lp in zip(ids, logprobs, strict=True)]
