@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError, PluginError, TracerlError
-
 _GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime|reward)=(?P<value>[^\s]+)$")
 
 
@@ -88,51 +86,19 @@ def _run(cfg: Any, plugins: Any) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from core.config import CONFIG_MODULE, PRIMARY_CONFIG, VERSION_BASE, register_configs
-    from core.plugins import load_plugins
+    from core.config import PRIMARY_CONFIG
+    from core.entry import load_checked_plugins, run_hydra
 
-    plugins = load_plugins()
-    for warning in plugins.warnings():  # a broken plugin this run does not use is not fatal
-        print(f"warning: {warning}", file=sys.stderr)
-    helping = any(a in ("--help", "-h", "--hydra-help", "--info") for a in argv)
-    try:
-        register_configs(plugins)
-        choices = requested_choices(argv)
-        if "backend" in choices and not helping:
-            plugins.backend(choices["backend"])
-        if "runtime" in choices and not helping:
-            plugins.runtime(choices["runtime"])
-        if "reward" in choices and not helping:
-            plugins.reward(choices["reward"])
-    except (ConfigError, PluginError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = load_checked_plugins(argv)
+    if plugins is None:
         return 2
 
-    import hydra
+    def body(cfg: Any) -> int:
+        plugins.check_config(cfg)
+        return _run(cfg, plugins)
 
-    result: dict[str, int] = {}
-
-    @hydra.main(
-        config_path=f"pkg://{CONFIG_MODULE}",
-        config_name=PRIMARY_CONFIG,
-        version_base=VERSION_BASE,
-    )
-    def _hydra_entry(cfg: Any) -> None:
-        try:
-            plugins.check_config(cfg)
-            result["code"] = _run(cfg, plugins)
-        except TracerlError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            result["code"] = 1
-
-    saved_argv = sys.argv
-    sys.argv = [saved_argv[0] if saved_argv else "core.train", *argv]
-    try:
-        _hydra_entry()
-    finally:
-        sys.argv = saved_argv
-    return result.get("code", 0)
+    return run_hydra(PRIMARY_CONFIG, argv, body, module="core.train")
 
 
 if __name__ == "__main__":

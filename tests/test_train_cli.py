@@ -81,3 +81,16 @@ def test_every_yaml_option_of_a_group_composes(group: str, tmp_path: Path) -> No
     for option in sorted(p.stem for p in conf.glob("*.yaml")):
         proc = _train("--cfg", "job", f"{group}={option}", cwd=tmp_path)
         assert proc.returncode == 0, (option, proc.stderr)
+
+
+def test_both_commands_name_their_hydra_job_after_themselves(capsys: pytest.CaptureFixture[str]) -> None:
+    """``core.train`` and ``core.eval`` share one Hydra entry (``core.entry.run_hydra``);
+    each job keeps its own name (the run directory's ``<name>.log``). In-process: cheap."""
+    from core.eval.__main__ import main as eval_main
+    from core.train import main as train_main
+
+    for main, name in ((train_main, "train"), (eval_main, "eval")):
+        assert main(["--cfg", "hydra"]) == 0
+        assert yaml.safe_load(capsys.readouterr().out)["hydra"]["job"]["name"] == name
+    assert eval_main(["reward=nope"]) == 2
+    assert "unknown reward 'nope'" in capsys.readouterr().err

@@ -17,8 +17,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from core.errors import ConfigError, PluginError, TracerlError
-
 EVAL_CONFIG = "eval"
 """Primary config name of ``python -m core.eval`` (``core/conf/eval.yaml``)."""
 
@@ -30,52 +28,23 @@ def main(argv: list[str] | None = None) -> int:
         from core.eval.compare import compare_main
 
         return compare_main(argv[1:])
-    from core.config import CONFIG_MODULE, VERSION_BASE, register_configs
-    from core.plugins import load_plugins
-    from core.train import requested_choices
+    from core.entry import load_checked_plugins, run_hydra
 
-    plugins = load_plugins()
-    for warning in plugins.warnings():
-        print(f"warning: {warning}", file=sys.stderr)
-    try:
-        register_configs(plugins)
-        choices = requested_choices(argv)
-        if "runtime" in choices:
-            plugins.runtime(choices["runtime"])
-        if "reward" in choices:
-            plugins.reward(choices["reward"])
-        if "backend" in choices and not any(a.startswith("eval.endpoint=") for a in argv):
-            plugins.backend(choices["backend"])
-    except (ConfigError, PluginError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    endpoint = any(a.startswith("eval.endpoint=") for a in argv)
+    plugins = load_checked_plugins(argv, skip=("backend",) if endpoint else ())
+    if plugins is None:
         return 2
 
-    import hydra
-
-    result: dict[str, int] = {}
-
-    @hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=EVAL_CONFIG, version_base=VERSION_BASE)
-    def _hydra_entry(cfg: Any) -> None:
+    def body(cfg: Any) -> int:
         import asyncio
 
         from core.eval.cli import evaluate_config, print_summary
 
-        try:
-            plugins.check_config(cfg)
-            summary = asyncio.run(evaluate_config(cfg, plugins))
-            print_summary(summary)
-            result["code"] = 0
-        except TracerlError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            result["code"] = 1
+        plugins.check_config(cfg)
+        print_summary(asyncio.run(evaluate_config(cfg, plugins)))
+        return 0
 
-    saved = sys.argv
-    sys.argv = [saved[0] if saved else "core.eval", *argv]
-    try:
-        _hydra_entry()
-    finally:
-        sys.argv = saved
-    return result.get("code", 0)
+    return run_hydra(EVAL_CONFIG, argv, body, module="core.eval")
 
 
 if __name__ == "__main__":
