@@ -19,6 +19,7 @@ from tracerl_sagemaker import backend as backend_mod
 from core.errors import TrainingError
 from core.plugins import load_plugins
 from core.testing.fakes import compose
+from core.testing.loop_runs import check_async_within_staleness
 from core.trainer.loop import Trainer
 from core.trainer.metrics import read_metrics
 
@@ -152,24 +153,13 @@ def test_cli_names_missing_keys_and_exits(tmp_path: Path) -> None:
 def test_async_mode_trains_within_the_staleness_bound(tmp_path: Path, aws: FakeControlPlane) -> None:
     """trainer.mode=async: rollouts run while the service trains; the sampler reports the
     version of the client each request started on, so staleness is measured and bounded."""
-    cfg, plugins = _cfg(
+    check_async_within_staleness(
+        _cfg,
         tmp_path / "run",
-        "trainer.max_steps=3",
-        "trainer.save_every=0",
-        "trainer.canary=false",
-        "trainer.mode=async",
-        "trainer.max_staleness=1",
         # random rewards: every group has a signal, so every step trains and syncs
         "task.agent=loop_agents:long_tail",
         f"+task.agent_env.PYTHONPATH={Path(__file__).parents[3] / 'tests' / 'trainer'}",
     )
-    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
-    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert [r["weight_version"] for r in records] == [1, 2, 3]
-    assert all(r["async/staleness_max"] <= 1 for r in records)
-    # both first groups sampled on version 0; the second trains on version 1
-    assert records[1]["async/staleness_max"] == 1
 
 
 def test_tis_cap_is_refused_before_anything_is_sent(tmp_path: Path, aws: FakeControlPlane) -> None:
