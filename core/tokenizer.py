@@ -9,6 +9,9 @@ Defines:
   deterministically with the ``tokenizers`` library, wrapped as a
   ``PreTrainedTokenizerFast`` carrying that template. Nothing is downloaded.
 - ``load_tokenizer``: ``"tiny"`` or a Hugging Face name/path.
+- ``with_chat_template``: a Mistral tokenizer loaded in Mistral's own format
+  (transformers' ``MistralCommonBackend``, which has no Jinja template) as
+  transformers' converted fast tokenizer with a chat template the gateway renders.
 - ``end_of_turn_ids``: every token id that ends the model's turn (EOS, the
   ``generation_config.json`` ``eos_token_id`` list, the chat template's
   end-of-turn token), the one place samplers and the gateway take stop ids from.
@@ -174,7 +177,48 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
         return build_tiny_tokenizer(**kwargs)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    if _is_mistral_common(tokenizer) and _tekken_file(tokenizer) is None:
+        # A SentencePiece Mistral tokenizer (v1-v7 files): its Hugging Face files carry the template.
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **{**kwargs, "mistral_format": False})
+    return with_chat_template(tokenizer)
+
+
+def _is_mistral_common(tokenizer: Any) -> bool:
+    return type(tokenizer).__name__ == "MistralCommonBackend"
+
+
+def _tekken_file(tokenizer: Any) -> Path | None:
+    """The ``tekken.json`` a Mistral tokenizer was loaded or converted from, if it still exists."""
+    for raw in (getattr(tokenizer, "_tokenizer_path", None), (getattr(tokenizer, "init_kwargs", None) or {}).get("vocab_file")):
+        if raw is None:
+            continue
+        path = Path(str(raw))
+        if path.suffix == ".json" and "tekken" in path.name and path.is_file():
+            return path
+    return None
+
+
+def with_chat_template(tokenizer: Any) -> Any:
+    """``tokenizer``, or for a Tekken-based Mistral tokenizer without a chat template its
+    Hugging Face conversion with one; other tokenizers come back unchanged.
+
+    Why: with ``mistral-common`` installed, transformers 5 loads Mistral checkpoints that ship a
+    ``tekken.json`` as ``MistralCommonBackend``, which encodes chats with mistral-common and has
+    no Jinja chat template, the gateway's renderer. transformers' own ``convert_tekken_tokenizer``
+    (what its ``save_pretrained(save_format="hf")`` uses) gives the same token ids as a fast
+    tokenizer, with the checkpoint's ``chat_template.jinja`` beside the file, else the template
+    mistral-common generates for that tokenizer (``tests/gateway/test_families.py`` checks it
+    against mistral-common's own encoding). Needs ``mistral-common`` (``tracerl[mistral]``).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer
+    path = _tekken_file(tokenizer)
+    if path is None:
+        return tokenizer
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+    return convert_tekken_tokenizer(str(path))
 
 
 _EOT_USER = "\u2063tracerl-eot-user\u2063"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "transformers", "verl", "tinker", "sagemaker", "boto3", "botocore", "ray")
+HEAVY = ("torch", "transformers", "verl", "tinker", "sagemaker", "boto3", "botocore", "ray", "mistral_common")
 
 LIGHT_MODULES = [
     "core",

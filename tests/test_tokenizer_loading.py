@@ -194,3 +194,72 @@ def test_the_gateway_cli_with_a_tokenizer_directory_never_imports_torch(dirs: di
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def _tiny_tekken(path: Path) -> Path:
+    """A small Tekken (v3) tokenizer file in Mistral's format: the 256 bytes, a few merges,
+    mistral-common's default special tokens (``[INST]``, ``[TOOL_CALLS]``, ... at ids 0-19)."""
+    import base64
+
+    merged = [b"ca", b"lc", b"calc", b"ul", b"calcul", b"at", b"or", b"ator", b"calculator"]
+    vocab = [bytes([b]) for b in range(256)] + merged
+    pattern = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    data = {
+        "config": {"pattern": pattern, "num_vocab_tokens": len(vocab), "default_vocab_size": len(vocab) + 20,
+                   "default_num_special_tokens": 20, "version": "v3"},
+        "vocab": [{"rank": i, "token_bytes": base64.b64encode(t).decode(), "token_str": None} for i, t in enumerate(vocab)],
+    }
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "tekken.json").write_text(json.dumps(data), encoding="utf-8")
+    return path / "tekken.json"
+
+
+def test_a_mistral_tokenizer_in_mistrals_format_gets_a_chat_template_that_encodes_as_mistral_common(
+    tmp_path: Path,
+) -> None:
+    """transformers 5 with mistral-common loads a checkpoint's tekken.json as ``MistralCommonBackend``,
+    which has no Jinja template; ``with_chat_template`` converts it, and the template it gets
+    renders a tool conversation to mistral-common's own ids."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.validator import ValidationMode
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+    from transformers.tokenization_mistral_common import MistralCommonBackend
+
+    from core.gateway.render import ChatRenderer
+    from core.tokenizer import with_chat_template
+
+    tekken = _tiny_tekken(tmp_path / "model")
+    native = MistralCommonBackend.from_pretrained(str(tmp_path / "model"))
+    assert not getattr(native, "chat_template", None)
+    with pytest.raises(Exception, match="chat_template"):
+        ChatRenderer(native)
+    tok = with_chat_template(native)
+    assert "[TOOL_CALLS]" in tok.chat_template and with_chat_template(tok) is tok
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "calc",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    call = {"id": "aB3dE6gH9", "type": "function", "function": {"name": "calculator", "arguments": "{\"x\": 1}"}}
+    chat = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "calculate 1"},
+            {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "aB3dE6gH9", "content": "1"},
+            {"role": "assistant", "content": "one"}]
+    reference = MistralTokenizer.from_file(str(tekken), mode=ValidationMode.agnostic).encode_chat_completion(
+        ChatCompletionRequest(messages=chat, tools=tools)  # type: ignore[arg-type]
+    )
+    renderer = ChatRenderer(tok)
+    rendered = renderer.render_text([dict(m) for m in chat], tools, add_generation_prompt=False)
+    assert renderer.encode(rendered) == reference.tokens
+    assert rendered.endswith('[TOOL_RESULTS]{"content": 1, "call_id": "aB3dE6gH9"}[/TOOL_RESULTS]one</s>')
+    assert end_of_turn_ids(tok) == (tok.convert_tokens_to_ids("</s>"),)
+
+
+def test_load_tokenizer_gives_a_mistral_checkpoint_a_chat_template(tmp_path: Path) -> None:
+    """A checkpoint directory as Mistral publishes it (``config.json`` of a ``mistral`` model and
+    its ``tekken.json``): ``AutoTokenizer`` gives ``MistralCommonBackend``, ``load_tokenizer`` a
+    fast tokenizer with a template."""
+    _tiny_tekken(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}), encoding="utf-8")
+    from transformers import AutoTokenizer
+
+    assert type(AutoTokenizer.from_pretrained(str(tmp_path))).__name__ == "MistralCommonBackend"
+    tok = load_tokenizer(str(tmp_path))
+    assert "[TOOL_CALLS]" in tok.chat_template
+    assert tok.decode(tok.encode("calculator", add_special_tokens=False)) == "calculator"

@@ -153,7 +153,9 @@ class ChatRenderer:
         if not isinstance(self.template, str) or not self.template:
             raise ConfigError(
                 f"tokenizer {type(tokenizer).__name__} has no chat_template; the gateway renders "
-                "prompts with the model's template (set tokenizer.chat_template)"
+                "prompts with the model's template (set tokenizer.chat_template; a Mistral tokenizer loaded "
+                "in Mistral's format gets one from core.tokenizer.with_chat_template, with mistral-common "
+                "installed: pip install 'tracerl[mistral]')"
             )
         self.kwargs = dict(chat_template_kwargs or {})
         for key in ("tokenize", "add_generation_prompt", "tools", "return_dict"):
