@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
@@ -65,6 +65,9 @@ class RewardBody(BaseModel):
     reward: float = Field(allow_inf_nan=False)
 
 
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
 def _check_admin(gateway: Gateway, request: Request) -> None:
     auth = request.headers.get("authorization", "")
     token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-admin-token", "")
@@ -93,17 +96,21 @@ def admin_routes(gateway: Gateway) -> list[Route]:
 
         return endpoint
 
-    async def create(request: Request) -> Any:
+    async def read_body(request: Request, model: type[_Body], what: str, hint: str = "") -> _Body:
+        """The request's JSON body (empty: ``{}``) as ``model``; a bad one is a 400 saying where."""
         cfg = gateway.config
         raw = await read_raw(
             request, cfg.max_admin_body_bytes, cfg.body_read_timeout_s or None, limit_key="gateway.max_admin_body_bytes"
         )
         try:
-            body = CreateSessionBody.model_validate_json(raw or b"{}")
+            return model.model_validate_json(raw or b"{}")
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise bad_request(f"invalid session settings at {where!r}: {first['msg']}") from None
+            raise bad_request(f"invalid {what} at {where!r}: {first['msg']}{hint}") from None
+
+    async def create(request: Request) -> Any:
+        body = await read_body(request, CreateSessionBody, "session settings")
         sampling = None
         if body.sampling is not None:
             d = body.sampling.model_dump()
@@ -148,16 +155,7 @@ def admin_routes(gateway: Gateway) -> list[Route]:
     async def post_reward(request: Request) -> Any:
         from core.errors import ConfigError
 
-        cfg = gateway.config
-        raw = await read_raw(
-            request, cfg.max_admin_body_bytes, cfg.body_read_timeout_s or None, limit_key="gateway.max_admin_body_bytes"
-        )
-        try:
-            body = RewardBody.model_validate_json(raw or b"{}")
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise bad_request(f"invalid reward at {where!r}: {first['msg']}; send {{\"reward\": <number>}}") from None
+        body = await read_body(request, RewardBody, "reward", '; send {"reward": <number>}')
         rid = request.path_params["rid"]
         try:
             gateway.late_rewards.post(rid, body.reward)
