@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +23,18 @@ from core.view.server import ViewServer
 from .view_agents import HOSTILE
 
 pytestmark = pytest.mark.integration
+
+
+@contextmanager
+def _serving(run_dir: Path, host: str = "127.0.0.1") -> Iterator[ViewServer]:
+    """A viewer server on ``host`` (any free port) for the block, then shut down."""
+    server = ViewServer(run_dir, host, 0)
+    server.start_background()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_train_prints_where_the_viewer_is(trained_run: dict[str, Any]) -> None:
@@ -49,9 +63,7 @@ def test_run_stores_every_step_and_eval_and_the_data_matches_metrics(trained_run
 
 
 def test_server_answers_on_loopback_only_for_its_own_host(trained_run: dict[str, Any]) -> None:
-    server = ViewServer(trained_run["run_dir"], "127.0.0.1", 0)
-    server.start_background()
-    try:
+    with _serving(trained_run["run_dir"]) as server:
         port = server.server_address[1]
 
         def get(path: str, host: str) -> tuple[int, dict[str, str], bytes]:
@@ -71,9 +83,6 @@ def test_server_answers_on_loopback_only_for_its_own_host(trained_run: dict[str,
         assert status == 404 and b"no train traces stored for step 99" in body
         status, _, _ = get("/api/run", "evil.example:80")  # DNS rebinding
         assert status == 403
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_static_export_embeds_hostile_text_inert(trained_run: dict[str, Any], tmp_path: Path) -> None:
@@ -155,9 +164,7 @@ def test_an_unreadable_trace_file_is_a_json_error_not_a_dropped_connection(tmp_p
     run_dir = tmp_path / "run"
     (run_dir / "traces" / "train_000001.jsonl.gz").mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("")
-    server = ViewServer(run_dir, "127.0.0.1", 0)
-    server.start_background()
-    try:
+    with _serving(run_dir) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
         conn.request("GET", "/api/step?kind=train&step=1")
         resp = conn.getresponse()
@@ -167,9 +174,6 @@ def test_an_unreadable_trace_file_is_a_json_error_not_a_dropped_connection(tmp_p
         again = conn.getresponse()
         assert again.status == 200 and json.loads(again.read())["traces"]["train"] == [1]
         conn.close()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_server_listens_on_ipv6_loopback(tmp_path: Path) -> None:
@@ -183,9 +187,7 @@ def test_server_listens_on_ipv6_loopback(tmp_path: Path) -> None:
     except OSError as exc:
         pytest.skip(f"no IPv6 loopback on this machine: {exc}")
     (tmp_path / "metrics.jsonl").write_text("")
-    server = ViewServer(tmp_path, "::1", 0)
-    server.start_background()
-    try:
+    with _serving(tmp_path, "::1") as server:
         assert server.url.startswith("http://[::1]:")
         port = server.server_address[1]
         for host, status in ((f"[::1]:{port}", 200), (f"localhost:{port}", 200), ("evil.example", 403)):
@@ -195,9 +197,6 @@ def test_server_listens_on_ipv6_loopback(tmp_path: Path) -> None:
             resp.read()
             conn.close()
             assert resp.status == status, host
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_steps_removed_by_retention_are_a_clear_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,18 +229,13 @@ def test_steps_removed_by_retention_are_a_clear_not_found(tmp_path: Path, monkey
         return real_read(path)
 
     monkeypatch.setattr(view_data, "read_traces", removed_meanwhile)
-    server = ViewServer(tmp_path, "127.0.0.1", 0)
-    server.start_background()
-    try:
+    with _serving(tmp_path) as server:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
         conn.request("GET", "/api/step?kind=train&step=3")
         resp = conn.getresponse()
         body = json.loads(resp.read())
         assert resp.status == 404 and "from 4 to 4" in body["error"], body
         conn.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     writer.write_step(5, [outcome], {})  # the export finds 4 and 5 stored, then 4 is removed
     exported = RunData(tmp_path).export(None)
     assert exported["run"]["traces"]["train"] == [5] and "train/4" not in exported["steps"]
