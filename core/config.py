@@ -3,7 +3,8 @@
 ``register_configs(plugins)`` stores ``base_train`` (the schema the primary
 config ``conf/train.yaml`` starts from) and one node per registered backend
 (``backend/<name>``), runtime (``runtime/<name>``) and reward (``reward/<name>``), so an installed plugin's
-option exists without anyone editing ``conf/``.
+option exists without anyone editing ``conf/``, and the ``sampler`` group
+(``backend``, ``vllm``, ``sglang``: ``core.trainer.fleet.SamplerConfig``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from core.eval.config import EvalConfig
 from core.gateway.config import GatewayConfig
 from core.plugins.manager import Plugins
 from core.trainer.config import AlgorithmConfig, TaskConfig, TrainerConfig
+from core.trainer.fleet import SAMPLER_CHOICES, SamplerConfig
 
 CONFIG_MODULE = "core.conf"
 """Python package holding the YAML configs (the repository's ``conf/``)."""
@@ -47,6 +49,8 @@ class TrainConfig:
     """The token-capturing gateway."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop length, sizes and guards."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Who samples: the backend (default) or a vLLM/SGLang fleet (``sampler=sglang``)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """``python -m core.eval`` settings (docs/eval.md)."""
 
@@ -55,6 +59,8 @@ def register_configs(plugins: Plugins) -> None:
     """Store the schema and every plugin's backend/runtime/reward node in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConfig, provider="tracerl")
+    for kind in SAMPLER_CHOICES:  # sampler=backend|vllm|sglang
+        cs.store(group="sampler", name=kind, node=SamplerConfig(kind=kind), provider="tracerl")
     for group, registry in (("backend", plugins.backends), ("runtime", plugins.runtimes), ("reward", plugins.rewards)):
         for name in registry.names():
             origin = registry.origin(name)

@@ -100,6 +100,11 @@ class TrainingBackend(Protocol):
     applies and clears them, ``sync_sampler`` makes ``sampler`` serve the new
     weights and bumps the weight version. Requests already in flight on the
     old sampler finish on the old weights.
+
+    Optional: ``async def export_weights(path: str) -> str`` writes the current
+    weights into directory ``path`` in Hugging Face layout (``config.json`` +
+    safetensors) for vLLM/SGLang servers to load; a backend with it can train
+    with ``sampler=vllm|sglang`` (``core.trainer.fleet``), one without is refused.
     """
 
     name: str

@@ -48,6 +48,16 @@ def check_driving_settings(cfg: Any, backend: str) -> None:
     """Refuse core-loop settings a backend with its own trainer would silently ignore."""
     from core.errors import ConfigError
 
+    sampler = cfg.get("sampler")
+    kind = str(sampler.get("kind", "backend")) if sampler is not None else "backend"
+    if kind != "backend":
+        raise ConfigError(
+            f"sampler={kind} is core's loop sampling from a fleet while a driven backend trains; "
+            f"backend {backend!r} runs its own trainer and its own rollout engines. Keep "
+            f"sampler=backend and choose the engine in the backend's config (see "
+            f"docs/backends/{backend}.md; verl: its rollout name vllm or sglang, slime: its SGLang "
+            "router), or use backend=local with sampler=vllm|sglang"
+        )
     mode = str(cfg.trainer.get("mode", "sync"))
     if mode != "sync":
         raise ConfigError(

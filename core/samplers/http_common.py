@@ -108,24 +108,30 @@ class HttpSamplerConfig:
     """Weight version reported when the server does not say (vLLM never does);
     the trainer sets ``sampler.weight_version`` after each sync."""
 
+    key_prefix: ClassVar[str] = "HttpSamplerConfig"
+    """How error messages name these fields (``sampler`` in the training config)."""
+    urls_example: ClassVar[str] = (
+        "HttpSamplerConfig(urls=['http://127.0.0.1:8000']) (python -m core.gateway: --server-url)"
+    )
+    """The fix an empty ``urls`` error suggests."""
+
     def validate(self) -> None:
         """Raise ``ConfigError`` naming the bad field and the fix."""
         if self.kind not in SAMPLER_KINDS:
             raise ConfigError(
-                f"HttpSamplerConfig.kind={self.kind!r} is not supported; use one of {SAMPLER_KINDS}"
+                f"{self.key_prefix}.kind={self.kind!r} is not supported; use one of {SAMPLER_KINDS}"
             )
         if not self.urls:
             raise ConfigError(
-                f"HttpSamplerConfig.urls is empty; give the {self.kind} server URLs, e.g. "
-                "HttpSamplerConfig(urls=['http://127.0.0.1:8000']) (python -m core.gateway: "
-                "--server-url)"
+                f"{self.key_prefix}.urls is empty; give the {self.kind} server URLs, e.g. "
+                f"{self.urls_example}"
             )
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"HttpSamplerConfig.urls entry {url!r} must start with http:// or https://")
+                raise ConfigError(f"{self.key_prefix}.urls entry {url!r} must start with http:// or https://")
         if self.vllm_endpoint not in VLLM_ENDPOINTS:
             raise ConfigError(
-                f"HttpSamplerConfig.vllm_endpoint={self.vllm_endpoint!r} is not supported; use one of {VLLM_ENDPOINTS}"
+                f"{self.key_prefix}.vllm_endpoint={self.vllm_endpoint!r} is not supported; use one of {VLLM_ENDPOINTS}"
             )
         for name in (
             "connect_timeout_s",
@@ -134,10 +140,10 @@ class HttpSamplerConfig:
             "abort_timeout_s",
         ):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"HttpSamplerConfig.{name} must be > 0, got {getattr(self, name)!r}")
+                raise ConfigError(f"{self.key_prefix}.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("connect_retries", "health_interval_s", "retry_backoff_s"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"HttpSamplerConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+                raise ConfigError(f"{self.key_prefix}.{name} must be >= 0, got {getattr(self, name)!r}")
         for name in (
             "unhealthy_after",
             "healthy_after",
@@ -145,7 +151,7 @@ class HttpSamplerConfig:
             "connections_per_shard",
         ):
             if getattr(self, name) < 1:
-                raise ConfigError(f"HttpSamplerConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+                raise ConfigError(f"{self.key_prefix}.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
 @functools.cache
@@ -249,7 +255,12 @@ class HttpSampler:
     def fail(self, server: ServerState | None, what: str, fix: str) -> SamplerError:
         """A ``SamplerError`` naming the engine, the server, what went wrong and the fix."""
         where = f" {server.url}" if server is not None else ""
-        return SamplerError(f"{self.protocol} server{where}: {what}; {fix}")
+        return SamplerError(self.named(f"{self.protocol} server{where}: {what}; {fix}"))
+
+    def named(self, message: str) -> str:
+        """``message`` with config fields named as the user set them (``sampler.urls`` in a run)."""
+        prefix = self.config.key_prefix
+        return message if prefix == "HttpSamplerConfig" else message.replace("HttpSamplerConfig.", prefix + ".")
 
     async def sample(
         self, prompt_token_ids: Sequence[int], params: SamplingParams, *, session_id: str
@@ -336,11 +347,11 @@ class HttpSampler:
                     "check the server URL and its log",
                 ) from exc
             return resp, server
-        raise SamplerError(
+        raise SamplerError(self.named(
             f"could not reach any {self.protocol} server after {attempts} attempts "
             f"({'; '.join(errors[-len(self.pool.servers) - 1 :])}); check the servers are running and "
             f"HttpSamplerConfig.urls={[s.url for s in self.pool.servers]!r} is right"
-        )
+        ))
 
     def _http_error(self, server: ServerState, path: str, resp: httpx.Response) -> SamplerError:
         code = resp.status_code

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from core.errors import SamplerError
+
 if TYPE_CHECKING:
     from core.http import HTTPClient
 
@@ -85,6 +87,8 @@ class ServerPool:
             healthy_after: Consecutive passed checks that bring it back.
         """
         self.servers = [ServerState(u.rstrip("/")) for u in urls]
+        self.retired: list[ServerState] = []
+        """Servers removed for good (``retire``): they failed a weight update."""
         self.health_path = health_path
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
@@ -102,6 +106,9 @@ class ServerPool:
     def pick(self, key: str, *, avoid: Collection[str] = ()) -> ServerState:
         """The server for session ``key``, skipping URLs in ``avoid`` while others remain."""
         ranked = self.ranked(key)
+        if not ranked:
+            retired = "; ".join(f"{s.url}: {s.last_error}" for s in self.retired)
+            raise SamplerError(f"no inference server left in rotation (retired: {retired or 'none'})")
         for server in ranked:
             if server.url not in avoid:
                 return server
@@ -117,6 +124,18 @@ class ServerPool:
         server.failures = max(server.failures, self.unhealthy_after)
         server.successes = 0
         server.last_error = reason
+
+    def retire(self, server: ServerState, reason: str) -> None:
+        """Remove ``server`` for good: no routing, no health checks bring it back.
+
+        For a server that failed a weight update and would serve stale weights.
+        """
+        log.warning("inference server %s out of rotation: %s", server.url, reason)
+        server.healthy = False
+        server.last_error = reason
+        if server in self.servers:
+            self.servers.remove(server)
+            self.retired.append(server)
 
     def record_check(self, server: ServerState, ok: bool, reason: str = "") -> None:
         """Apply one health-check outcome with the configured thresholds."""

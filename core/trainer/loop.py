@@ -11,6 +11,11 @@ rollout before training, an abort when a step's rollout failure rate passes
 ``max_failure_rate``, one run at a time per ``run_dir``, and no fresh run
 over an old run's checkpoints.
 
+``sampler=vllm|sglang`` (``core.trainer.fleet``) samples from inference servers
+instead of the backend's sampler: before the first rollout and after each
+optimizer step the backend's weights are written to disk and loaded into
+every server, and the gateway is rebound once all of them report the version.
+
 ``trainer.mode=async`` replaces the rollout phase with ``RolloutPool.take``:
 rollouts run continuously and a step trains on the first ``batch_size`` groups
 that finished within ``trainer.max_staleness`` (``core.trainer.pool``); the
@@ -45,6 +50,7 @@ from core.trainer.checkpoint import (
     write_trainer_state,
 )
 from core.trainer.data import DataOrder, load_payloads
+from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.metrics import MetricsWriter, console_line
 from core.trainer.pool import RolloutPool, check_async_settings, rollout_staleness
 from core.trainer.report import write_report
@@ -160,6 +166,7 @@ class Trainer:
         self._closers: list[Any] = []
         self._lock: RunDirLock | None = None
         self.pool: RolloutPool | None = None
+        self.fleet: Fleet | None = None
         self._async_resume: dict[str, Any] = {"next_seq": 0, "pending": []}
         self._reruns = 0
 
@@ -192,10 +199,13 @@ class Trainer:
         spec = self.plugins.backend(str(self.cfg.backend.name))
         self.backend = spec.factory(self.cfg)
         self._closers.append(self.backend.aclose)
+        self.fleet = build_fleet(self.cfg, self.backend, self.run_dir)  # sampler=vllm|sglang
+        if self.fleet is not None:
+            self._closers.append(self.fleet.aclose)
         gw_cfg = GatewayConfig(**OmegaConf.to_container(self.cfg.gateway, resolve=True))  # type: ignore[arg-type]
         self.gateway = Gateway(
             tokenizer=self.backend.get_tokenizer(),
-            sampler=self.backend.sampler,
+            sampler=self._sampler(),
             config=gw_cfg,
             model_id=self.backend.model_id(),
         )
@@ -215,6 +225,18 @@ class Trainer:
         self.traces = TraceWriter(
             self.run_dir, int(self.t.get("save_traces", 1)), self.gateway.renderer.decode, int(self.t.get("keep_traces", 0))
         )
+
+    def _sampler(self) -> Any:
+        """What the gateway samples with: the fleet's HTTP sampler, or the backend's own."""
+        return self.fleet.sampler if self.fleet is not None else self.backend.sampler
+
+    async def _sync(self) -> Any:
+        """Serve the trained weights; with a fleet, push them and return once every server has them."""
+        sampler = await self.backend.sync_sampler()
+        if self.fleet is None:
+            return sampler
+        await self.fleet.push(self.backend)
+        return self.fleet.sampler
 
     async def _close_metrics(self) -> None:
         self.metrics.close()
@@ -369,7 +391,7 @@ class Trainer:
                 "checkpoint; set run_dir to the run to resume"
             )
         await self.backend.load_state(str(ckpt.state["backend_path"]))
-        self.gateway.set_sampler(self.backend.sampler)
+        self.gateway.set_sampler(self._sampler())  # a fleet gets the restored weights in run()
         self.order.restore(ckpt.state["data"])
         self.step = ckpt.step
         saved = ckpt.state.get("async")
@@ -493,8 +515,10 @@ class Trainer:
             train_metrics["train/skipped"] = 0.0
             times.train = time.perf_counter() - t0
             t0 = time.perf_counter()
-            self.gateway.set_sampler(await self.backend.sync_sampler())
+            self.gateway.set_sampler(await self._sync())
             times.sync = time.perf_counter() - t0
+        if self.fleet is not None:
+            flow.update(self.fleet.metrics())
         self.step += 1
         async_state = None
         if self.pool is not None:
@@ -613,6 +637,15 @@ class Trainer:
             await self._setup()
             if self.t.resume:
                 await self._resume()
+            if self.fleet is not None:
+                # The servers start from whatever they loaded; serve the trainer's weights
+                # (initial or resumed) before the first rollout.
+                pushed = await self.fleet.push(self.backend)
+                print(
+                    f"sampler={self.fleet.config.kind}: {len(pushed.updated)} server(s) serve weight "
+                    f"version {pushed.version} from {self.fleet.weights_dir}",
+                    file=sys.stderr,
+                )
             if self.step == 0 and self.t.canary:
                 await self._canary()
             if self.step == 0 and self.eval_rows:

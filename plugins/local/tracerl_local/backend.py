@@ -259,6 +259,29 @@ class LocalBackend:
             self._version += 1
         return self._sampler
 
+    async def export_weights(self, path: str) -> str:
+        """Write the trained weights where inference servers load them (``sampler=vllm|sglang``).
+
+        Hugging Face layout in directory ``path`` (``config.json`` +
+        ``model.safetensors``, ``tracerl_weights.json`` with ``weight_version``),
+        which SGLang's ``/update_weights_from_disk``, vLLM's ``reload_weights``
+        and ``python -m tracerl_local.serve`` load. Returns the absolute path.
+
+        Raises:
+            ConfigError: LoRA training (the servers would need merged weights).
+        """
+        self._check_open()
+        if self.config.lora.enabled:
+            raise ConfigError(
+                "sampler=vllm|sglang with backend.lora.enabled=true is not supported: the servers "
+                "would need the adapters merged into the weights; use sampler=backend, or full "
+                "fine-tuning (backend.lora.enabled=false)"
+            )
+        from tracerl_local.weights_io import export_weights
+
+        async with self._lock:
+            return await asyncio.to_thread(export_weights, self._model, path, self._version)
+
     # -- checkpoints ----------------------------------------------------------------------
 
     def _state_dict(self) -> dict[str, torch.Tensor]:

@@ -14,6 +14,12 @@ Routes (one server, both protocols):
 - ``POST /abort_request`` (SGLang, ``{"rid"}``) and ``POST /abort_requests`` (vLLM
   ``--tokens-only``, ``{"request_ids"}``): cancel requests in flight.
 - ``GET /health``, ``GET /health_generate``, ``GET /v1/models``, ``GET /get_model_info``.
+- Weight updates from disk, as the engines take them (``core.samplers.weights``):
+  SGLang ``POST /update_weights_from_disk`` (``{"model_path", "weight_version"}``)
+  and ``GET /get_weight_version``; vLLM (dev mode) ``POST /collective_rpc`` with
+  ``update_config`` (``{"model_config": {"model": dir}}``) then ``reload_weights``,
+  and ``POST /reset_prefix_cache``. A directory that does not fit the model is
+  refused and the served weights stay as they were.
 - ``GET /tracerl/stats``: requests, aborts and client disconnects (for tests).
 
 A client that disconnects cancels its request, as vLLM does. Sampling is the
@@ -46,10 +52,13 @@ from core.errors import RuntimeStartError, SamplerError
 from core.types import FinishReason, SampleResult, SamplingParams
 from tracerl_local.serve_protocol import (
     AbortRequest,
+    CollectiveRpcRequest,
     CompletionRequest,
     SglangGenerateRequest,
+    UpdateWeightsFromDiskRequest,
     VllmGenerateRequest,
 )
+from tracerl_local.weights_io import WeightsLoadError, load_weights, read_version
 
 __all__ = ["InferenceServer", "ServeStats", "build_serve_app", "main"]
 
@@ -107,8 +116,13 @@ async def _until_disconnected(request: Request) -> None:
 class _Service:
     """The routes' shared state: the sampler, the tokenizer and the requests in flight."""
 
-    def __init__(self, sampler: Any, tokenizer: Any, model_name: str, max_positions: int) -> None:
+    def __init__(
+        self, sampler: Any, tokenizer: Any, model_name: str, max_positions: int, model: Any = None
+    ) -> None:
         self.sampler = sampler
+        self.model = model
+        self.reload_path = ""
+        self.load_lock = asyncio.Lock()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_positions = max_positions
@@ -162,6 +176,19 @@ class _Service:
                 self.aborting.add(rid)
                 self.stats.aborted += 1
                 task.cancel()
+
+    async def load(self, path: str, version: int | None) -> int:
+        """Load the weights in ``path`` and serve them as ``version`` (the file's, else +1)."""
+        if self.model is None:
+            raise WeightsLoadError("this server was built without a model to load weights into")
+        async with self.load_lock:
+            await asyncio.to_thread(load_weights, self.model, path)
+            if version is None:
+                version = read_version(path)
+            if version is None:
+                version = int(self.sampler.weight_version) + 1
+            await asyncio.to_thread(self.sampler.publish, self.model, version)
+            return version
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [str(t) for t in self.tokenizer.convert_ids_to_tokens(list(ids))]
@@ -370,6 +397,69 @@ async def _model_info(svc: _Service, request: Request) -> Response:
     )
 
 
+async def _update_weights_from_disk(svc: _Service, request: Request) -> Response:
+    req = await _body(request, UpdateWeightsFromDiskRequest)
+    version: int | None = None
+    if req.weight_version is not None:
+        try:
+            version = int(req.weight_version)
+        except ValueError as exc:
+            raise _HTTPError(
+                400, f"weight_version={req.weight_version!r}: this server keeps integer versions"
+            ) from exc
+    try:
+        await svc.load(req.model_path, version)
+    except WeightsLoadError as exc:
+        return JSONResponse(
+            {
+                "success": False,
+                "message": f"Failed to update weights: {exc}. Rolling back to original weights.",
+                "num_paused_requests": 0,
+            },
+            status_code=400,
+        )
+    message = "Succeeded to update model weights."
+    if req.weight_version is not None:
+        message += f" Weight version updated to {req.weight_version}."
+    return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+
+async def _weight_version(svc: _Service, request: Request) -> Response:
+    return JSONResponse({"weight_version": str(svc.sampler.weight_version)})
+
+
+async def _collective_rpc(svc: _Service, request: Request) -> Response:
+    req = await _body(request, CollectiveRpcRequest)
+    if req.method == "update_config":
+        overrides = req.args[0] if req.args else req.kwargs.get("overrides")
+        model = overrides.get("model_config", {}).get("model") if isinstance(overrides, dict) else None
+        if not isinstance(model, str) or not model:
+            raise _HTTPError(
+                400, "update_config: give args=[{'model_config': {'model': '<weights dir>'}}]"
+            )
+        svc.reload_path = model
+        return JSONResponse({"results": [None]})
+    if req.method == "reload_weights":
+        if not svc.reload_path:
+            raise _HTTPError(
+                400, "reload_weights: call update_config with model_config.model first"
+            )
+        try:
+            await svc.load(svc.reload_path, None)
+        except WeightsLoadError as exc:
+            raise _HTTPError(500, f"reload_weights failed: {exc}") from exc
+        return JSONResponse({"results": [None]})
+    raise _HTTPError(
+        400,
+        f"collective_rpc method {req.method!r} is not served here; "
+        "the local inference server serves update_config and reload_weights",
+    )
+
+
+async def _reset_prefix_cache(svc: _Service, request: Request) -> Response:
+    return Response(status_code=200)  # no prefix cache: nothing computed with old weights to drop
+
+
 async def _stats(svc: _Service, request: Request) -> Response:
     return JSONResponse(
         {
@@ -381,10 +471,14 @@ async def _stats(svc: _Service, request: Request) -> Response:
 
 
 def build_serve_app(
-    sampler: Any, tokenizer: Any, *, model_name: str, max_positions: int
+    sampler: Any, tokenizer: Any, *, model_name: str, max_positions: int, model: Any = None
 ) -> Starlette:
-    """The Starlette app serving ``sampler`` (a ``LocalSampler``) over both protocols."""
-    svc = _Service(sampler, tokenizer, model_name, max_positions)
+    """The Starlette app serving ``sampler`` (a ``LocalSampler``) over both protocols.
+
+    ``model`` (same architecture as the sampler's) is where weight updates from
+    disk are loaded before the sampler publishes them; without it they are refused.
+    """
+    svc = _Service(sampler, tokenizer, model_name, max_positions, model)
     table = [
         ("/inference/v1/generate", _vllm_generate, "POST"),
         ("/v1/completions", _completions, "POST"),
@@ -395,6 +489,10 @@ def build_serve_app(
         ("/health_generate", _health_generate, "GET"),
         ("/v1/models", _models, "GET"),
         ("/get_model_info", _model_info, "GET"),
+        ("/get_weight_version", _weight_version, "GET"),
+        ("/update_weights_from_disk", _update_weights_from_disk, "POST"),
+        ("/collective_rpc", _collective_rpc, "POST"),
+        ("/reset_prefix_cache", _reset_prefix_cache, "POST"),
         ("/tracerl/stats", _stats, "GET"),
     ]
     app = Starlette(routes=[Route(p, _route(svc, h), methods=[m]) for p, h, m in table])
@@ -419,6 +517,7 @@ class InferenceServer:
             backend.get_tokenizer(),
             model_name=self.model_name,
             max_positions=max_positions,
+            model=backend.model,
         )
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -492,7 +591,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     p.add_argument("--served-model-name", default="", help="name in /v1/models (default: --model)")
     p.add_argument("--batch-wait-ms", type=float, default=2.0)
+    p.add_argument(
+        "--task",
+        default="",
+        help="with --model tiny: shape the tokenizer as a training run of this task does "
+        "(e.g. succ_digit), so python -m core.train task=... sampler=sglang can push to it",
+    )
     return p
+
+
+def _task_node(name: str) -> Any:
+    """``core/conf/task/<name>.yaml`` (only its tokenizer settings are read)."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    import core.conf
+
+    file = Path(core.conf.__file__).parent / "task" / f"{name}.yaml"
+    if not file.is_file():
+        known = sorted(p.stem for p in file.parent.glob("*.yaml"))
+        raise RuntimeStartError(f"--task {name!r} is not a task config; known: {known}")
+    return OmegaConf.load(file)
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -502,7 +622,13 @@ async def _serve(args: argparse.Namespace) -> None:
     config = LocalBackendConfig(
         model=args.model, device=args.device, dtype=args.dtype, batch_wait_ms=args.batch_wait_ms
     )
-    backend = LocalBackend(config, seed=args.seed)
+    if args.task:
+        from omegaconf import OmegaConf
+
+        run = OmegaConf.create({"seed": args.seed, "task": _task_node(args.task)})
+        backend = LocalBackend.from_config(run, node=config)
+    else:
+        backend = LocalBackend(config, seed=args.seed)
     server = InferenceServer(
         backend, host=args.host, port=args.port, model_name=args.served_model_name
     )

@@ -2,13 +2,17 @@
 
 Defines ``VllmGenerateRequest`` (``POST /inference/v1/generate``),
 ``CompletionRequest`` (``POST /v1/completions``), ``SglangGenerateRequest``
-(``POST /generate``) and ``AbortRequest`` (``POST /abort_request``). Field
+(``POST /generate``), ``UpdateWeightsFromDiskRequest`` (SGLang
+``POST /update_weights_from_disk``), ``CollectiveRpcRequest`` (vLLM dev-mode
+``POST /collective_rpc``) and ``AbortRequest`` (``POST /abort_request``). Field
 names and defaults follow the engines' own (vLLM: ``max_tokens`` 16 on
 completions; SGLang: ``max_new_tokens`` 128), and unknown fields are ignored
 as the engines do, so a client written against them works here unchanged.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -82,6 +86,25 @@ class SglangGenerateRequest(_Body):
     sampling_params: SglangSamplingParams = SglangSamplingParams()
     return_logprob: bool = False
     stream: bool = False
+
+
+class UpdateWeightsFromDiskRequest(_Body):
+    """SGLang's ``UpdateWeightFromDiskReqInput`` (``POST /update_weights_from_disk``)."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+class CollectiveRpcRequest(_Body):
+    """vLLM's dev-mode ``POST /collective_rpc`` body."""
+
+    method: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    timeout: float | None = None
 
 
 class AbortRequest(_Body):
