@@ -413,16 +413,10 @@ def test_neutral_and_metadata_fields_are_accepted(harness: Harness) -> None:
 def test_real_templates_reasoning_switches_are_found() -> None:
     """Qwen3 has ``enable_thinking``; DeepSeek R1 and gpt-oss always reason, gpt-oss takes
     ``reasoning_effort``; the others never reason."""
-    from tests.gateway.families import FAMILIES, TEMPLATES, files
+    from tests.gateway.families import FAMILIES, chat_template
 
-    def template(name: str) -> str:  # the text only: loading every tokenizer takes seconds
-        family = FAMILIES[name]
-        if family.template is not None:
-            return (TEMPLATES / family.template).read_text(encoding="utf-8")
-        config = json.loads((files(family) / "tokenizer_config.json").read_text(encoding="utf-8"))
-        return str(config["chat_template"])
-
-    found = {name: template_reasoning(template(name)) for name in FAMILIES}
+    # the text only: loading every tokenizer takes seconds
+    found = {name: template_reasoning(chat_template(name)) for name in FAMILIES}
     assert {n for n, r in found.items() if r.switch == "enable_thinking"} == {"qwen3", "qwen3-nothink"}
     assert {n for n, r in found.items() if r.always} == {"deepseek-r1", "gpt-oss"}
     assert {n for n, r in found.items() if r.effort} == {"gpt-oss"}

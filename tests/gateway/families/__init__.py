@@ -17,12 +17,13 @@ data) and are converted as transformers converts a ``tekken.json``.
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "MISTRAL_TEKKEN", "Family", "load", "mistral_reference"]
+__all__ = ["FAMILIES", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -87,6 +88,21 @@ def load(name: str) -> Any:
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
     return tok
+
+
+def chat_template(name: str) -> str:
+    """The family's chat template text, without loading its tokenizer (which takes seconds)."""
+    family = FAMILIES[name]
+    if family.template is not None:
+        return (TEMPLATES / family.template).read_text(encoding="utf-8")
+    if name == "mistral-nemo":
+        from mistral_common.integrations.chat_templates.chat_templates import (
+            convert_tokenizer_to_chat_template,
+        )
+
+        return convert_tokenizer_to_chat_template(str(_tekken()))
+    config = json.loads((files(family) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return str(config["chat_template"])
 
 
 # ---------------------------------------------------------------------------- gpt-oss
