@@ -96,11 +96,7 @@ def chat_template(name: str) -> str:
     if family.template is not None:
         return (TEMPLATES / family.template).read_text(encoding="utf-8")
     if name == "mistral-nemo":
-        from mistral_common.integrations.chat_templates.chat_templates import (
-            convert_tokenizer_to_chat_template,
-        )
-
-        return convert_tokenizer_to_chat_template(str(_tekken()))
+        return _mistral_template()
     config = json.loads((files(family) / "tokenizer_config.json").read_text(encoding="utf-8"))
     return str(config["chat_template"])
 
@@ -217,13 +213,19 @@ def _mistral() -> Any:
     (``convert_tekken_tokenizer``: the BPE ranks' merges, Tekken's special tokens), with the
     chat template ``mistral-common`` generates for that file (what transformers attaches
     when a checkpoint ships none). About 3 s: built once per process."""
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+    return convert_tekken_tokenizer(str(_tekken()), chat_template=_mistral_template())
+
+
+@cache
+def _mistral_template() -> str:
+    """The chat template ``mistral-common`` generates for the Tekken file (loads it: ~0.6 s)."""
     from mistral_common.integrations.chat_templates.chat_templates import (
         convert_tokenizer_to_chat_template,
     )
-    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
 
-    path = str(_tekken())
-    return convert_tekken_tokenizer(path, chat_template=convert_tokenizer_to_chat_template(path))
+    return convert_tokenizer_to_chat_template(str(_tekken()))
 
 
 @cache
