@@ -34,7 +34,7 @@ def _pids(cluster: Cluster) -> list[int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][0] != "Z"
@@ -62,7 +62,7 @@ def stop_cluster(cluster: Cluster) -> None:
     ray.shutdown()
     cluster.shutdown()
     deadline = time.monotonic() + 15
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"Ray processes outlived the test cluster: {left}"
 
