@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from ray_test_cluster import start_cluster, stop_cluster
+from ray_test_cluster import NODE_ARGS, start_cluster, stop_cluster
 
 from core.runtime.ray import RayRuntime
 from core.testing import CONFORMANCE_AGENT
 from core.testing.runtime_conformance import conformance_request
 from core.types import RolloutStatus
+from tests.faults.harness import (
+    LoopSpy,
+    assert_metrics_match,
+    assert_trained_only_ok,
+    fault_overrides,
+    hook_sampler,
+    run_loop,
+    statuses,
+    step_records,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -88,3 +100,72 @@ def test_killing_a_node_mid_step_fails_its_rollouts_and_the_run_continues(
             await rt.aclose()
 
     asyncio.run(main())
+
+
+def test_a_training_run_goes_on_when_a_node_dies_mid_step(
+    three_nodes: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training loop (``core.trainer.loop.Trainer``, fake backend, real gateway) on
+    ``runtime=ray`` with three actors on three nodes. In step 2, while every rollout waits
+    inside a model call, a worker node hosting an actor is removed: that actor's rollouts
+    are ``crashed`` (and not trained on), the others ``ok``; step 3 runs in full and the
+    run ends normally."""
+    from core.plugins import load_plugins
+    from core.testing.fakes import compose, fake_backend_plugin
+
+    three_nodes.add_node(**NODE_ARGS)  # the previous test removed one worker
+    three_nodes.wait_for_nodes()
+    spy = LoopSpy().install(monkeypatch)
+    killed = asyncio.Event()
+    victim: dict[str, object] = {}
+
+    async def kill(slot: Any, node: Any) -> None:
+        await asyncio.sleep(1.5)  # every rollout of the step reaches its model call
+        victim["in_flight"] = slot.in_flight
+        await asyncio.to_thread(three_nodes.remove_node, node, False)
+        # Hold the model's replies a while: the lost node's actor process notices its raylet
+        # is gone within a second or so; a reply before that would let its rollouts finish.
+        await asyncio.sleep(4.0)
+        killed.set()
+
+    async def kill_a_node_during_step_2(prompt: Sequence[int], session_id: str) -> None:
+        if spy.current_step != 2 or killed.is_set():
+            return
+        if not victim:
+            # The killer runs as its own task: this call may be one of the victim's, which the
+            # gateway cancels once its rollout has failed.
+            rt = spy.trainer.runtime if spy.trainer is not None else None
+            workers = {n.node_id: n for n in three_nodes.worker_nodes}
+            slot = next(s for s in rt._slots if s.node_id in workers)
+            victim.update(index=slot.index, node=slot.node_id)
+            victim["task"] = asyncio.create_task(kill(slot, workers[slot.node_id]))
+        await killed.wait()
+
+    hook_sampler(monkeypatch, kill_a_node_during_step_2)
+    overrides = [o for o in fault_overrides(tmp_path) if not o.startswith("runtime.")]
+    overrides += [
+        "runtime=ray",
+        f"runtime.address={three_nodes.address}",
+        "runtime.num_actors=3",
+        "runtime.agents_per_actor=4",
+        "runtime.num_cpus_per_agent=0.1",
+        "trainer.group_size=4",
+        "trainer.max_failure_rate=0.75",
+    ]
+    plugins = load_plugins(extra_plugins=(fake_backend_plugin(),))
+    cfg = compose(overrides, plugins)
+    code, backend = run_loop(cfg, plugins)
+    assert code == 0 and victim and killed.is_set(), "the run went on to its end"
+
+    step2 = spy.step(2).outcomes
+    crashed = [o for o in step2 if o.result.status is RolloutStatus.CRASHED]
+    assert 1 <= len(crashed) == victim["in_flight"] < len(step2), (victim, statuses(step2))
+    assert all(f"agent actor {victim['index']}" in (o.result.error or "") for o in crashed)
+    assert all(o.result.status is RolloutStatus.OK for o in step2 if o not in crashed), statuses(step2)
+    assert [o.result.status for o in spy.step(3).outcomes] == [RolloutStatus.OK] * 8
+    records = step_records(Path(cfg.run_dir))
+    assert sorted(records) == [1, 2, 3]
+    for n in (1, 2, 3):
+        assert_metrics_match(records[n], spy.step(n).outcomes)
+    assert records[2]["rollouts/crashed"] == len(crashed)
+    assert_trained_only_ok(spy, backend)
