@@ -24,6 +24,7 @@ from core.gateway.fields import (
 )
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.strict import strict_schemas
 from core.gateway.thinking import AS_IS, Reasoning, anthropic_thinking
 from core.gateway.toolchoice import anthropic_tool_choice
 from core.types import FinishReason
@@ -69,6 +70,7 @@ def parse_messages_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -
         top_k=top_k,
         stop=opt_stop(body, "stop_sequences"),
         template_kwargs=kwargs or None,
+        strict=strict_schemas(body.get("tools"), flat=True),
     )
     return req, opt_bool(body, "stream")
 

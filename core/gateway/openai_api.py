@@ -25,6 +25,7 @@ from core.gateway.fields import (
 )
 from core.gateway.messages import openai_tools, openai_units
 from core.gateway.service import TurnRequest, TurnResult
+from core.gateway.strict import strict_schemas
 from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning, template_kwargs
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import openai_tool_choice
@@ -104,6 +105,7 @@ def parse_chat_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tu
         seed=seed,
         logprobs=logprobs,
         template_kwargs=kwargs or None,
+        strict=strict_schemas(tools),
     )
     return req, stream, include_usage
 

@@ -35,6 +35,7 @@ from core.gateway.responses_items import group_items, item_units, responses_tool
 from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.session import Session
+from core.gateway.strict import strict_schemas
 from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import ToolChoice, openai_tool_choice
@@ -246,6 +247,7 @@ def parse_responses_request(
         top_k=opt_int(body, "top_k"),
         logprobs=_LOGPROBS in (body.get("include") or ()),
         template_kwargs=kwargs or None,
+        strict=strict_schemas(body.get("tools"), flat=True),
     )
     if req.top_k is not None and (req.top_k == 0 or req.top_k < -1):
         raise bad_request(f"'top_k' must be -1 or >= 1, got {req.top_k}", param="top_k")

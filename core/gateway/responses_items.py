@@ -232,8 +232,8 @@ def responses_tools(tools: Any) -> list[dict[str, Any]] | None:
     """Flat Responses function tools (``{type, name, description, parameters, strict}``)
     in chat-template form; None when absent or empty.
 
-    ``strict`` is accepted and not passed on: the gateway does not constrain decoding
-    (a call that breaks the schema is returned and trained as sampled, see docs/gateway.md).
+    ``strict`` is not passed on to the template; it is honoured by what is returned
+    (``core.gateway.strict``: a call that breaks the schema is not returned as a call).
     """
     if tools is None or tools == []:
         return None

@@ -63,6 +63,7 @@ from core.gateway.render import (
 )
 from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session, new_session_id
+from core.gateway.strict import split_strict
 from core.gateway.thinking import template_reasoning
 from core.gateway.tokentext import TokenLogprob, TokenText
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
@@ -110,6 +111,8 @@ class TurnRequest:
     """Return each sampled token's logprob (``TurnResult.logprobs``)."""
     template_kwargs: dict[str, Any] | None = None
     """Template variables for this request only (``core.gateway.thinking``)."""
+    strict: dict[str, Any] | None = None
+    """Schemas of the tools sent with ``strict: true``, by name (``core.gateway.strict``)."""
     size: int = 0
     """Bytes of the request body; a full render of a body of ``GatewayConfig.render_offload_chars``
     or more runs in a worker thread."""
@@ -647,7 +650,13 @@ class Gateway:
                 s.counters["unknown_tool_calls"] += 1
         if parsed.ill_formed:
             s.counters["ill_formed_tool_calls"] += 1
-        reply = enforce(req.tool_choice, parsed.content, parsed.tool_calls, text)
+        fitting, misfits = split_strict(req.strict, parsed.tool_calls)
+        content = parsed.content if fitting or not parsed.tool_calls else text
+        reply = enforce(req.tool_choice, content, fitting, text)
+        if misfits:  # calls to strict tools whose arguments break the schema: not returned
+            s.counters["strict_violations"] += misfits
+            reply.dropped += misfits
+            reply.violated = True
         if req.tool_choice.mode != "auto" and parsed.ill_formed:
             reply.violated = True  # a required call that did not parse, or a refused call attempted
         s.counters["tool_calls_dropped"] += reply.dropped

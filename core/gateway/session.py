@@ -31,6 +31,7 @@ COUNTERS = (
     "sampling_overrides_ignored",
     "tool_choice_violations",
     "tool_calls_dropped",
+    "strict_violations",
 )
 """Per-session counters copied into every row's metadata."""
 

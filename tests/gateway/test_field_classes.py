@@ -28,6 +28,7 @@ from core.gateway.fields import ANTHROPIC_FIELDS, CHAT_FIELDS, Fields
 from core.gateway.openai_api import parse_chat_request
 from core.gateway.responses_api import _NO_EFFECT, _USED, parse_responses_request
 from core.gateway.thinking import Reasoning
+from core.types import SamplingParams
 from tests.gateway.conftest import Harness
 
 
@@ -257,3 +258,62 @@ def test_ignore_request_fields_is_checked() -> None:
         GatewayConfig(ignore_request_fields=["messages"])
     with pytest.raises(ConfigError, match="list of field names"):
         GatewayConfig(ignore_request_fields="logit_bias")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- strict function tools
+
+STRICT_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                 "additionalProperties": False}
+FITS = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+BREAKS = '<tool_call>\n{"name": "f", "arguments": {"a": "one", "b": 2}}\n</tool_call>'
+
+
+def test_strict_tools_return_only_calls_that_fit_the_schema(harness: Harness) -> None:
+    """``strict: true`` is kept by what is returned: a call whose arguments break the schema comes
+    back as the model's text, flagged and counted; a fitting call comes back as a call. The
+    trained tokens are the generated ones either way."""
+    from core.gateway.app import TOOL_CHOICE_HEADER
+
+    h = harness
+    h.push(BREAKS, FITS, BREAKS + "\n" + FITS, BREAKS, BREAKS)
+    sid = h.session(sampling=SamplingParams(max_tokens=256))
+    client = h.openai(sid)
+    chat_tool: Any = {"type": "function", "function": {"name": "f", "parameters": STRICT_SCHEMA, "strict": True}}
+    bad = client.chat.completions.with_raw_response.create(model="tiny", messages=USER, tools=[chat_tool])
+    choice = bad.parse().choices[0]
+    assert choice.message.tool_calls is None and choice.message.content == BREAKS and choice.finish_reason == "stop"
+    assert bad.headers[TOOL_CHOICE_HEADER] == "violated"
+    good = client.chat.completions.with_raw_response.create(model="tiny", messages=USER, tools=[chat_tool])
+    (call,) = good.parse().choices[0].message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"a": 1} and TOOL_CHOICE_HEADER not in good.headers
+    mixed = client.chat.completions.create(model="tiny", messages=USER, tools=[chat_tool])
+    assert [json.loads(c.function.arguments) for c in mixed.choices[0].message.tool_calls or []] == [{"a": 1}]
+    # Not strict: the same call is returned as the model wrote it.
+    loose = {"type": "function", "function": {"name": "f", "parameters": STRICT_SCHEMA}}
+    out = client.chat.completions.create(model="tiny", messages=USER, tools=[loose])  # type: ignore[list-item]
+    assert json.loads((out.choices[0].message.tool_calls or [])[0].function.arguments) == {"a": "one", "b": 2}
+    # Responses (flat tools) and Anthropic (input_schema) carry strict the same way.
+    flat: Any = {"type": "function", "name": "f", "parameters": STRICT_SCHEMA, "strict": True}
+    resp = client.responses.create(model="tiny", input="hi", tools=[flat])
+    assert [item.type for item in resp.output] == ["message"] and resp.output_text == BREAKS
+    h.push(BREAKS)
+    msg = h.anthropic(sid).messages.create(
+        model="tiny", max_tokens=256, messages=USER,  # type: ignore[arg-type]
+        tools=[{"name": "f", "input_schema": STRICT_SCHEMA, "strict": True}],  # type: ignore[list-item,typeddict-unknown-key]
+    )
+    assert [b.type for b in msg.content] == ["text"] and msg.stop_reason == "end_turn"
+    meta = h.call(h.gw.finish_session, sid)[-1].metadata
+    assert meta["strict_violations"] == 4 and meta["tool_calls_dropped"] == 4
+
+
+def test_strict_schemas_that_cannot_check_anything_fit_nothing() -> None:
+    from core.gateway.strict import split_strict, strict_schemas
+
+    schemas = strict_schemas([{"type": "function", "function": {"name": "f", "strict": True,
+                                                                "parameters": {"type": 12}}}])
+    assert split_strict(schemas, [("f", {"a": 1}), ("g", {"x": 1})]) == ([("g", {"x": 1})], 1)
+    remote = strict_schemas([{"name": "r", "strict": True, "input_schema": {"$ref": "http://example.invalid/s"}}],
+                            flat=True)
+    assert split_strict(remote, [("r", {})]) == ([], 1)  # never fetched: unresolvable, so no fit
+    assert split_strict(strict_schemas([{"name": "s", "strict": True}], flat=True), [("s", "raw text")]) == ([], 1)
+    assert strict_schemas([{"type": "function", "function": {"name": "f"}}]) is None
