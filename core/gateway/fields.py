@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.gateway.errors import bad_request
@@ -199,6 +199,8 @@ class Fields:
     """Fields accepted and ignored: they cannot change what the model may produce."""
     unhonoured: Unhonoured
     """Fields refused unless neutral (``refuse_unhonoured``)."""
+    hints: dict[str, str] = field(default_factory=dict)
+    """What to send instead of an unknown field other servers take (the 400 says it)."""
 
 
 CHAT_FIELDS = Fields(
@@ -213,6 +215,13 @@ CHAT_FIELDS = Fields(
         "prompt_cache_options", "safety_identifier", "prediction",
     }),
     unhonoured=OPENAI_UNHONOURED,
+    hints={
+        "enable_thinking": "send chat_template_kwargs {'enable_thinking': ...} (vLLM's form), or reasoning_effort 'none'",
+        "thinking": "send chat_template_kwargs {'thinking': ...} for a template with that switch, or reasoning_effort",
+        "reasoning": "send reasoning_effort (chat completions) or use /v1/responses, which takes 'reasoning'",
+        "max_output_tokens": "send max_completion_tokens (chat completions) or use /v1/responses",
+        "input": "send 'messages', or use /v1/responses, which takes 'input'",
+    },
 )
 """OpenAI ``/v1/chat/completions``: ``prediction`` only speeds decoding up (the output is the
 model's either way); the other harmless fields are billing, caching and storage hints."""
@@ -242,6 +251,9 @@ def check_fields(body: dict[str, Any], fields: Fields) -> None:
         if value is None or key in fields.read or key in fields.harmless or key in fields.unhonoured:
             continue
         name = short_repr(key, 60)
+        hint = fields.hints.get(key)
+        if hint is not None:
+            raise bad_request(f"{name} is not a {fields.dialect} field; {hint}", param=key)
         raise bad_request(
             f"{name} is not a {fields.dialect} field this gateway knows; it is refused rather than ignored "
             "because it might change what the model produces. Drop it, or list it in the gateway config's "

@@ -317,3 +317,11 @@ def test_strict_schemas_that_cannot_check_anything_fit_nothing() -> None:
     assert split_strict(remote, [("r", {})]) == ([], 1)  # never fetched: unresolvable, so no fit
     assert split_strict(strict_schemas([{"name": "s", "strict": True}], flat=True), [("s", "raw text")]) == ([], 1)
     assert strict_schemas([{"type": "function", "function": {"name": "f"}}]) is None
+
+
+def test_fields_other_servers_take_get_a_hint() -> None:
+    for name, sent in (("enable_thinking", "chat_template_kwargs"), ("reasoning", "reasoning_effort"),
+                       ("max_output_tokens", "max_completion_tokens")):
+        with pytest.raises(GatewayError) as exc:
+            _chat({name: False if name == "enable_thinking" else {"effort": "low"}})
+        assert exc.value.param == name and sent in exc.value.message, exc.value.message
