@@ -218,8 +218,13 @@ class HttpSampler:
         """(path, JSON body) for one generation."""
         raise NotImplementedError
 
-    def _parse(self, server: ServerState, data: Any, params: SamplingParams) -> SampleResult:
-        """A ``SampleResult`` from the decoded JSON answer (``SamplerError`` if malformed)."""
+    def _parse(self, server: ServerState, data: Any, params: SamplingParams, version: int) -> SampleResult:
+        """A ``SampleResult`` from the decoded JSON answer (``SamplerError`` if malformed).
+
+        ``version``: the sampler's ``weight_version`` when the request was sent, the
+        answer's version when the engine reports none (a push while the request was in
+        flight must not label tokens of the old weights with the new version).
+        """
         raise NotImplementedError
 
     def _on_cancel(self, client: ShardedClient, server: ServerState, rid: str) -> None:
@@ -278,6 +283,7 @@ class HttpSampler:
                 f"session {session_id[:10]!r}: the prompt is empty; send at least one token"
             )
         rid = "tracerl-" + secrets.token_hex(12)
+        version = self.weight_version
         path, body = self._request(prompt_token_ids, params, rid)
         # Encoded now: the gateway may append to prompt_token_ids once we return.
         content = json.dumps(body, separators=(",", ":")).encode()
@@ -297,7 +303,7 @@ class HttpSampler:
                 f"answered POST {path} with malformed JSON ({exc}): {resp.text[:200]!r}",
                 "check that HttpSamplerConfig.urls points at the engine (or its router) and not at a proxy page",
             ) from exc
-        return self._parse(server, data, params)
+        return self._parse(server, data, params, version)
 
     async def _post(
         self, path: str, content: bytes, headers: dict[str, str], key: str, rid: str

@@ -113,7 +113,7 @@ class SGLangSampler(HttpSampler):
     def _not_found_fix(self) -> str:
         return "check that HttpSamplerConfig.urls points at the SGLang server or router root URL (it serves POST /generate)"
 
-    def _parse(self, server: ServerState, data: Any, params: SamplingParams) -> SampleResult:
+    def _parse(self, server: ServerState, data: Any, params: SamplingParams, version: int) -> SampleResult:
         meta = data.get("meta_info") if isinstance(data, dict) else None
         if not isinstance(meta, dict):
             raise self.fail(
@@ -157,7 +157,7 @@ class SGLangSampler(HttpSampler):
             token_ids=ids,
             logprobs=logprobs,
             finish_reason=finish,
-            weight_version=_weight_version(meta.get("weight_version"), self.weight_version),
+            weight_version=_weight_version(meta.get("weight_version"), version),
             routed_experts=None
             if routed is None
             else {

@@ -87,7 +87,7 @@ class VLLMSampler(HttpSampler):
             )
         return "check that HttpSamplerConfig.urls points at the vLLM root URL (no /v1 suffix) and HttpSamplerConfig.model names a served model"
 
-    def _parse(self, server: ServerState, data: Any, params: SamplingParams) -> SampleResult:
+    def _parse(self, server: ServerState, data: Any, params: SamplingParams, version: int) -> SampleResult:
         path = COMPLETIONS_PATH if self.config.vllm_endpoint == "completions" else GENERATE_PATH
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -138,11 +138,11 @@ class VLLMSampler(HttpSampler):
                 "expected 'stop', 'length' or 'abort'",
             )
         routed = choice.get("routed_experts")
-        version = data.get("weight_version")
+        reported = data.get("weight_version")
         return SampleResult(
             token_ids=ids,
             logprobs=[float(x) for x in logprobs],
             finish_reason=finish,
-            weight_version=int(version) if isinstance(version, int) else self.weight_version,
+            weight_version=int(reported) if isinstance(reported, int) else version,
             routed_experts=None if routed is None else {"format": "npy-base64", "data": routed},
         )

@@ -165,3 +165,24 @@ def test_sampler_errors_name_the_training_config_keys() -> None:
         build_http_sampler(SamplerConfig(kind="sglang"))
     with pytest.raises(ConfigError, match=r"HttpSamplerConfig\.urls is empty"):
         build_http_sampler(HttpSamplerConfig(kind="sglang"))
+
+
+def test_a_push_during_a_request_leaves_that_request_on_its_version(slow_local_server: Any) -> None:
+    """vLLM reports no version: a request sent before the sampler's version moved keeps the old
+    one (the server's batch started on the old weights), so async staleness is not understated."""
+    sampler = build_http_sampler(
+        HttpSamplerConfig(kind="vllm", urls=[slow_local_server.url], health_interval_s=0)
+    )
+
+    async def go() -> Any:
+        task = asyncio.ensure_future(sampler.sample(PROMPT, PARAMS, session_id="s"))
+        while slow_local_server.stats()["in_flight"] == 0:
+            await asyncio.sleep(0.02)
+        sampler.weight_version = 9  # what WeightPusher does once every server has version 9
+        result = await task
+        later = await sampler.sample(PROMPT, PARAMS, session_id="s")
+        await sampler.aclose()
+        return result, later
+
+    result, later = asyncio.run(go())
+    assert (result.weight_version, later.weight_version) == (0, 9)

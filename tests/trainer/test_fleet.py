@@ -192,6 +192,25 @@ def test_a_run_samples_from_the_servers_and_pushes_every_step(
 
 
 @pytest.mark.long
+def test_an_async_run_trains_on_versions_the_server_reported(tmp_path: Path, servers: Servers) -> None:
+    """trainer.mode=async: rollouts keep running on the server while the loop pushes; each step
+    trains on turns whose (server-reported) version is at most max_staleness behind."""
+    extra = (*SMALL, "trainer.mode=async", "trainer.max_staleness=1")
+    cfg, plugins = _compose(tmp_path, *extra)
+    url = servers.start(cfg)
+    cfg, plugins = _compose(tmp_path, *extra, "sampler=vllm", f"sampler.urls=[{url}]")
+    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
+    run_dir = Path(cfg.run_dir)
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        versions = _turn_versions(run_dir, r["step"])
+        assert versions and versions <= {r["step"] - 2, r["step"] - 1}, (r["step"], versions)
+        assert r["async/staleness_max"] <= 1
+    assert httpx.get(url + "/get_weight_version", timeout=10).json() == {"weight_version": "3"}
+
+
+@pytest.mark.long
 def test_a_run_aborts_when_no_server_takes_the_weights(tmp_path: Path, servers: Servers) -> None:
     cfg, plugins = _compose(tmp_path, *SMALL)
     bad = servers.start(cfg, tiny={"hidden_size": 32})
