@@ -558,3 +558,54 @@ def test_mistral_tool_loop_is_mistral_commons_encoding_and_a_new_question_forks(
     assert question.token_ids == prompt + [*ids(tok, "4."), eos]
     assert trained(tok, question) == ["4.</s>"]
     assert question.metadata["full_renders"] == 2 and question.metadata["tail_fallbacks"] == 1
+
+
+@pytest.mark.parametrize("family", [("mistral-nemo", {})], indirect=True)
+def test_mistral_tool_loop_on_responses_and_anthropic_messages_keeps_the_models_call_ids(
+    family: tuple[Harness, Any],
+) -> None:
+    """The model's call id is the Responses ``call_id`` and the Anthropic ``tool_use`` id, so a
+    function_call_output / tool_result sent back renders it: one row, mistral-common's encoding."""
+    h, tok = family
+    eos = tok.convert_tokens_to_ids("</s>")
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "tool_calls": [{"id": "aB3dE6gH9", "type": "function", "function": {
+            "name": "calculator", "arguments": json.dumps({"expression": "12*7"})}}]},
+        {"role": "tool", "tool_call_id": "aB3dE6gH9", "content": "84"},
+        {"role": "assistant", "content": "84."},
+    ]
+    expected = mistral_encoded(reference)
+
+    sid = h.session()
+    client = h.openai(sid)
+    tool = {"type": "function", **CALC_TOOL["function"]}  # type: ignore[dict-item]
+    items: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    h.sampler.push([*ids(tok, mistral_call("12*7", "aB3dE6gH9")), eos])
+    first = client.responses.create(model="tiny", instructions=SYSTEM, input=items, tools=[tool])  # type: ignore[arg-type, list-item]
+    (call,) = first.output
+    assert call.type == "function_call" and call.call_id == "aB3dE6gH9"
+    items += [call.model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": call.call_id, "output": "84"}]
+    h.sampler.push([*ids(tok, "84."), eos])
+    assert client.responses.create(model="tiny", instructions=SYSTEM, input=items,  # type: ignore[arg-type, list-item]
+                                   tools=[tool]).output_text == "84."
+    (row,) = h.call(h.gw.finish_session, sid)
+    assert row.token_ids == expected
+
+    sid = h.session()
+    anthropic = h.anthropic(sid)
+    atool = {"name": "calculator", "description": CALC_TOOL["function"]["description"],  # type: ignore[index]
+             "input_schema": CALC_TOOL["function"]["parameters"]}  # type: ignore[index]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    h.sampler.push([*ids(tok, mistral_call("12*7", "aB3dE6gH9")), eos])
+    out = anthropic.messages.create(model="tiny", max_tokens=64, system=SYSTEM, messages=messages, tools=[atool])
+    (use,) = out.content
+    assert use.type == "tool_use" and use.id == "aB3dE6gH9"
+    messages += [{"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "84"}]}]
+    h.sampler.push([*ids(tok, "84."), eos])
+    anthropic.messages.create(model="tiny", max_tokens=64, system=SYSTEM, messages=messages, tools=[atool])
+    (row,) = h.call(h.gw.finish_session, sid)
+    assert row.token_ids == expected
