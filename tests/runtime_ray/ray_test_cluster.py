@@ -42,15 +42,16 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_cluster(workers: int) -> Cluster:
-    """A head plus ``workers`` worker nodes, with this process connected as the driver."""
+def start_cluster(workers: int, labels: dict[str, str] | None = None) -> Cluster:
+    """A head plus ``workers`` worker nodes (each with node ``labels``), with this process
+    connected as the driver."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={**NODE_ARGS, "_system_config": SYSTEM_CONFIG},
     )
     for _ in range(workers):
-        cluster.add_node(**NODE_ARGS)
+        cluster.add_node(**NODE_ARGS, labels=dict(labels or {}))
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     return cluster

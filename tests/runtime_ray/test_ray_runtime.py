@@ -85,6 +85,23 @@ def test_rollouts_land_on_both_nodes_and_aclose_leaves_no_actors(ray_cluster: Cl
     assert ray.available_resources().get("CPU") == total_cpu
 
 
+def test_a_label_selector_keeps_the_actors_on_the_labelled_node(ray_cluster: Cluster) -> None:
+    """``runtime.label_selector`` (Ray node labels): both actors, and so every rollout, on
+    the worker labelled ``tracerl-pool=agents``, none on the unlabelled head."""
+    rt = _build(ray_cluster, "+runtime.label_selector={tracerl-pool: agents}")
+    (worker,) = ray_cluster.worker_nodes
+
+    async def body() -> list[Any]:
+        assert {s.node_id for s in rt._slots} == {worker.node_id}
+        return await asyncio.gather(
+            *(rt.run_rollout(conformance_request({"mode": "ok", "reward": 0.5})) for _ in range(6))
+        )
+
+    results = _run(rt, body)
+    assert [r.status for r in results] == [RolloutStatus.OK] * 6
+    assert dict(rt.rollouts_per_node) == {worker.node_id: 6}
+
+
 def test_a_killed_actor_fails_its_rollouts_and_is_recreated(ray_cluster: Cluster) -> None:
     """Killing an actor (its worker process) mid-rollout: its rollouts come back ``CRASHED``
     naming the actor, the other actor's rollouts are unaffected, and Ray recreates it."""
