@@ -211,6 +211,25 @@ def test_an_async_run_trains_on_versions_the_server_reported(tmp_path: Path, ser
 
 
 @pytest.mark.long
+def test_a_resumed_run_pushes_the_restored_weights_first(tmp_path: Path, servers: Servers) -> None:
+    """A fresh server (version 0, initial weights) behind a run resumed at step 2: the push before
+    the first rollout loads the checkpoint's weights, so step 3 samples version 2 from it."""
+    first = (*SMALL[1:], "trainer.max_steps=2", "trainer.save_every=2")
+    cfg, plugins = _compose(tmp_path, *first)
+    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
+    url = servers.start(cfg)
+    cfg, plugins = _compose(
+        tmp_path, *SMALL, "trainer.resume=true", "sampler=sglang", f"sampler.urls=[{url}]"
+    )
+    assert asyncio.run(Trainer(cfg, plugins).run()) == 0
+    run_dir = Path(cfg.run_dir)
+    assert _turn_versions(run_dir, 3) == {2}
+    record = next(r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step") == 3 and "reward/mean" in r)
+    assert record["train/logprob_diff_max"] < 1e-3  # the server holds the trainer's restored weights
+    assert httpx.get(url + "/get_weight_version", timeout=10).json() == {"weight_version": "3"}
+
+
+@pytest.mark.long
 def test_a_run_aborts_when_no_server_takes_the_weights(tmp_path: Path, servers: Servers) -> None:
     cfg, plugins = _compose(tmp_path, *SMALL)
     bad = servers.start(cfg, tiny={"hidden_size": 32})
