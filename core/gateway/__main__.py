@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=int, default=1, help="sessions to create at start")
     p.add_argument("--admin-token", default="")
     p.add_argument("--allow-sampling-overrides", action="store_true")
+    p.add_argument("--ignore-request-field", action="append", default=[], metavar="NAME",
+                   help="top-level request field to drop before a request is read (repeatable; "
+                        "gateway.ignore_request_fields, docs/gateway.md Request fields)")
     return p
 
 
@@ -93,7 +96,7 @@ async def _serve(args: argparse.Namespace) -> None:
     config = GatewayConfig(
         host=args.host, port=args.port, history_mode=args.history_mode, tool_parser=args.tool_parser,
         max_context_tokens=args.max_context_tokens, admin_token=args.admin_token,
-        allow_sampling_overrides=args.allow_sampling_overrides,
+        allow_sampling_overrides=args.allow_sampling_overrides, ignore_request_fields=args.ignore_request_field,
     )
     gw = Gateway(tokenizer=tok, sampler=sampler, config=config, model_id=model_id)
     server = GatewayServer(gw, host=args.host, port=args.port)

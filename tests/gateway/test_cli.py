@@ -14,7 +14,8 @@ import pytest
 @pytest.mark.integration
 def test_cli_serves_and_shows_traces() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "core.gateway", "--reply", "pong", "--sessions", "1"],
+        [sys.executable, "-m", "core.gateway", "--reply", "pong", "--sessions", "1",
+         "--ignore-request-field", "x_client_tag"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -22,7 +23,13 @@ def test_cli_serves_and_shows_traces() -> None:
         info = json.loads(proc.stdout.readline())
         admin = {"authorization": f"Bearer {info['admin_token']}"}
         with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
-            out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "ping"}])
+            out = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "ping"}], extra_body={"x_client_tag": "a"}
+            )
+            with pytest.raises(openai.BadRequestError):  # not listed: refused
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "ping"}], extra_body={"x_other": "a"}
+                )
         assert out.choices[0].message.content == "pong"
         with httpx.Client() as http:
             sid = http.post(info["root_url"] + "/admin/sessions", headers=admin, json={}).json()["session_id"]
