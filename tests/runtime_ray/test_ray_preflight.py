@@ -54,14 +54,16 @@ def test_runtime_ray_composes_from_the_command_line() -> None:
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("setting", "message"),
     [
-        ("runtime.num_actors=0", "num_actors"),
-        ("runtime.num_cpus_per_agent=-1", "num_cpus_per_agent"),
-        ("runtime.scheduling_strategy=PACK", "scheduling_strategy"),
-        ("runtime.result_channel=s3", "s3_bucket"),
+        ({"num_actors": 0}, "num_actors"),
+        ({"num_cpus_per_agent": -1}, "num_cpus_per_agent"),
+        ({"resources_per_agent": {"sandbox": "lots"}}, "resources_per_agent.sandbox"),
+        ({"scheduling_strategy": "PACK"}, "scheduling_strategy"),
+        ({"result_channel": "s3"}, "s3_bucket"),
     ],
 )
-def test_bad_settings_are_refused_by_name(override: str, message: str) -> None:
+def test_bad_settings_are_refused_by_name(setting: dict[str, object], message: str) -> None:
+    """Checked when the runtime is built (cheap: no Hydra composition, no ray)."""
     with pytest.raises(ConfigError, match=message):
-        build_runtime("ray", [f"task.agent={CONFORMANCE_AGENT}", override])
+        RayRuntime(CONFORMANCE_AGENT, **setting)
