@@ -16,7 +16,10 @@ its reward takes off; each sabotaged variant resumes from that checkpoint
 and runs to ``STEPS``, the horizon at which the healthy run, from the same
 state, has learned. A variant that stays low there is a variant that broke
 learning, not one that was merely slower. The runs are separate processes,
-``TRACERL_LEARNING_JOBS`` (default 2) at a time.
+``TRACERL_LEARNING_JOBS`` (default 2) at a time. When this module's learning
+tests are selected, tests/trainer/conftest.py starts the runs as soon as
+collection ends and moves these tests to the end of the session, so the runs
+use the core the rest of the suite leaves idle instead of adding minutes after it.
 
 Issue #16 asks that the sabotages still fail in ``trainer.mode=async``. At no
 extra run, two of the four run in async mode (``max_staleness=1``), the two
@@ -35,6 +38,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -57,6 +61,9 @@ ASYNC = "async-max-staleness-1"
 """The healthy run's step-175 state resumed in ``trainer.mode=async`` (max_staleness=1)."""
 LEARNING_JOBS = max(1, int(os.environ.get("TRACERL_LEARNING_JOBS", "2")))
 ASYNC_OVERRIDES = ("trainer.mode=async", "trainer.max_staleness=1")
+RUN_OVERRIDES = ("trainer.save_traces=0",)
+"""Every run's: no per-step trace files (nothing here reads them; tests/trainer/test_traces.py
+covers them), which the trajectory does not depend on."""
 SABOTAGES = {
     "negated-advantages": (),
     "shifted-mask": (),
@@ -77,62 +84,125 @@ def window_mean(records: Records, end: int) -> float:
     return _mean([by_step[s] for s in range(end - WINDOW + 1, end + 1)])
 
 
-def _run(variant: str, run_dir: Path, log: Path, *overrides: str) -> tuple[Records, float]:
-    start = time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.run(
-            [sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *overrides],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=1200,
+RUN_TIMEOUT_S = 1200
+"""Per run; the learning tests' own pytest timeout (``SLOW_TIMEOUT_S``) covers waiting for all of them."""
+SLOW_TIMEOUT_S = 2400
+"""Under a loaded machine the six runs can take longer than pytest's default 600 s per test."""
+Result = tuple[Records, float]
+
+
+class LearningRuns:
+    """The healthy run and every variant resumed from its checkpoint, running in a thread pool.
+
+    Started once per session (by tests/trainer/conftest.py as soon as collection ends, or
+    by the ``runs`` fixture); ``stop`` ends any run still going (an interrupted session).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=LEARNING_JOBS, thread_name_prefix="learning")
+        healthy = self._pool.submit(
+            self._run, "none", root / "none", root / "none.log",
+            f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
         )
-    assert proc.returncode == 0, f"{variant} run failed (exit {proc.returncode}):\n{log.read_text()[-3000:]}"
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
-    return records, time.perf_counter() - start
+        self.futures: dict[str, Future[Result]] = {
+            "none": healthy,
+            **{s: self._pool.submit(self._sabotaged, s, healthy, *extra) for s, extra in SABOTAGES.items()},
+        }
+        self.futures[ASYNC] = self._pool.submit(self._sabotaged, "none", healthy, *ASYNC_OVERRIDES, name=ASYNC)
+
+    def results(self) -> dict[str, Result]:
+        """Every run's records and wall time; raises the first run's failure."""
+        return {variant: f.result() for variant, f in self.futures.items()}
+
+    def stop(self) -> None:
+        """Cancel runs not started, end the ones running (SIGTERM, then SIGKILL) and wait."""
+        self._stopped.set()
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, variant: str, run_dir: Path, log: Path, *overrides: str) -> Result:
+        start = time.perf_counter()
+        with log.open("w") as out, self._lock:
+            if self._stopped.is_set():
+                raise RuntimeError(f"{variant} run not started: the session is ending")
+            proc = subprocess.Popen(
+                [sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *RUN_OVERRIDES, *overrides],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+            self._procs.append(proc)
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        assert code == 0, f"{variant} run failed (exit {code}):\n{log.read_text()[-3000:]}"
+        records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+        return records, time.perf_counter() - start
+
+    def _wait_for_checkpoint(self, healthy: Future[Result], ckpt: Path) -> None:
+        while not (ckpt / STATE_FILE).is_file():
+            if healthy.done():
+                healthy.result()  # raises if the healthy run failed
+                raise AssertionError(f"the healthy run finished without writing {ckpt}")
+            if self._stopped.wait(1.0):
+                raise RuntimeError("the session ended before the healthy run's checkpoint")
+
+    def _sabotaged(self, variant: str, healthy: Future[Result], *overrides: str, name: str = "") -> Result:
+        ckpt = checkpoint_dir(self.root / "none", RESUME_AT)
+        self._wait_for_checkpoint(healthy, ckpt)
+        run_dir = self.root / (name or variant)
+        shutil.copytree(ckpt, checkpoint_dir(run_dir, RESUME_AT))  # its backend_path still names the original
+        return self._run(
+            variant, run_dir, self.root / f"{name or variant}.log", f"trainer.max_steps={STEPS}",
+            "trainer.resume=true", *overrides,
+        )
 
 
-def _wait_for_checkpoint(healthy: Future[tuple[Records, float]], ckpt: Path) -> None:
-    while not (ckpt / STATE_FILE).is_file():
-        if healthy.done():
-            healthy.result()  # raises if the healthy run failed
-            raise AssertionError(f"the healthy run finished without writing {ckpt}")
-        time.sleep(1.0)
+_started: LearningRuns | None = None
 
 
-def _sabotaged(
-    variant: str, root: Path, healthy: Future[tuple[Records, float]], *overrides: str, name: str = ""
-) -> tuple[Records, float]:
-    ckpt = checkpoint_dir(root / "none", RESUME_AT)
-    _wait_for_checkpoint(healthy, ckpt)
-    run_dir = root / (name or variant)
-    shutil.copytree(ckpt, checkpoint_dir(run_dir, RESUME_AT))  # its backend_path still names the original
-    return _run(
-        variant, run_dir, root / f"{name or variant}.log", f"trainer.max_steps={STEPS}", "trainer.resume=true",
-        *overrides,
-    )
+def start_learning_runs(root: Path) -> LearningRuns:
+    """Start the runs (once per session) under ``root``; tests/trainer/conftest.py calls it early."""
+    global _started
+    if _started is None:
+        _started = LearningRuns(root)
+    return _started
+
+
+def stop_learning_runs() -> None:
+    """End whatever is still running (tests/trainer/conftest.py, at the end of the session)."""
+    if _started is not None:
+        _started.stop()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
     """Every variant's per-step records (the sabotaged ones from ``RESUME_AT + 1`` on)."""
-    root = tmp_path_factory.mktemp("learning")
-    with ThreadPoolExecutor(max_workers=LEARNING_JOBS) as pool:
-        healthy = pool.submit(
-            _run, "none", root / "none", root / "none.log",
-            f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
-        )
-        futures = {
-            "none": healthy,
-            **{s: pool.submit(_sabotaged, s, root, healthy, *extra) for s, extra in SABOTAGES.items()},
-        }
-        futures[ASYNC] = pool.submit(_sabotaged, "none", root, healthy, *ASYNC_OVERRIDES, name=ASYNC)
-        results = {variant: f.result() for variant, f in futures.items()}
+    learning = _started or start_learning_runs(tmp_path_factory.mktemp("learning"))
+    results = learning.results()
     for variant, (records, wall) in results.items():
         print(f"{variant}: {len(records)} steps in {wall:.0f} s, final {window_mean(records, STEPS):.3f}")
     return {variant: records for variant, (records, _) in results.items()}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SLOW_TIMEOUT_S)
 def test_default_task_learns_far_above_baseline(runs: dict[str, Records]) -> None:
     records = runs["none"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
@@ -146,6 +216,7 @@ def test_default_task_learns_far_above_baseline(runs: dict[str, Records]) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SLOW_TIMEOUT_S)
 @pytest.mark.parametrize("sabotage", SABOTAGES)
 def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]) -> None:
     records = runs[sabotage]
@@ -164,6 +235,7 @@ def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SLOW_TIMEOUT_S)
 def test_async_training_learns_from_the_same_state(runs: dict[str, Records]) -> None:
     """Resumed from the healthy run's checkpoint in trainer.mode=async with max_staleness=1,
     training on rollouts up to one step old (behaviour-policy ratio), it learns as well."""
