@@ -92,6 +92,7 @@ def test_langchain_openai_tool_loop_and_stream(harness: Harness, seen: Seen) -> 
     h = harness
     sid = _session(h)
     model = ChatOpenAI(model="tiny", base_url=h.server.base_url, api_key=sid, max_retries=0)  # type: ignore[arg-type]
+    h.clients.append(model.root_client)  # closed at teardown (its connections would leak into later tests)
     h.push(CALL, FINAL)
     with_tools = model.bind_tools([add])
     messages: list[BaseMessage] = [HumanMessage("What is 2 + 3?")]
@@ -107,6 +108,7 @@ def test_langchain_openai_tool_loop_and_stream(harness: Harness, seen: Seen) -> 
     sid = _session(h)
     model = ChatOpenAI(model="tiny", base_url=h.server.base_url, api_key=sid, max_retries=0,  # type: ignore[arg-type]
                        temperature=0.5, max_tokens=250, seed=3, stream_usage=True)  # type: ignore[call-arg]
+    h.clients.append(model.root_client)
     h.push("Hello there.")
     chunks = list(model.stream("hi"))
     assert "".join(str(c.content) for c in chunks) == "Hello there."
@@ -134,6 +136,7 @@ def test_langchain_structured_output(harness: Harness) -> None:
     h = harness
     sid = _session(h)
     model = ChatOpenAI(model="tiny", base_url=h.server.base_url, api_key=sid, max_retries=0)  # type: ignore[arg-type]
+    h.clients.append(model.root_client)
     with pytest.raises(openai.BadRequestError) as exc:
         model.with_structured_output(Answer).invoke("n?")
     err = exc.value.response.json()["error"]
@@ -152,6 +155,7 @@ def test_langchain_anthropic_tool_loop_and_stream(harness: Harness, seen: Seen) 
     sid = _session(h)
     model = ChatAnthropic(model="tiny", base_url=h.server.root_url, api_key=sid, max_retries=0,  # type: ignore[call-arg,arg-type]
                           max_tokens=200)  # type: ignore[call-arg]
+    h.clients.append(model._client)
     h.push(CALL, FINAL)
     with_tools = model.bind_tools([add])
     messages: list[BaseMessage] = [HumanMessage("What is 2 + 3?")]
@@ -165,6 +169,7 @@ def test_langchain_anthropic_tool_loop_and_stream(harness: Harness, seen: Seen) 
     _one_row(h, sid, [CALL, FINAL])
     sid = _session(h)
     model = ChatAnthropic(model="tiny", base_url=h.server.root_url, api_key=sid, max_retries=0)  # type: ignore[call-arg,arg-type]
+    h.clients.append(model._client)
     h.push("Hello there.")
     assert "".join(str(c.content if isinstance(c.content, str) else "".join(
         p.get("text", "") for p in c.content if isinstance(p, dict))) for c in model.stream("hi")) == "Hello there."
