@@ -10,9 +10,10 @@ and the trace's second turn is trained with the tool result masked out.
 
 Shrunk for a random-init 137k-parameter model on CPU: one key (so the call
 takes no choice), values from the first ``digits`` digits (4 in the task
-config), the value repeated ``REPEAT`` times in the tool result. Measured
-(docs/quickstart.md): every run calls and answers with a digit by step 100;
-reading the value out of the result came by step 230 in two runs of five.
+config), the value repeated ``REPEAT`` times in the tool result, and (in
+recipe/lookup-local.yaml) one token per turn: the call is one token and the
+answer one digit. Measured (docs/quickstart.md): every run of five seeds
+calls the tool and answers the looked-up value in most rollouts by step 200.
 
 Reward (shaped, stated in full; at most 1.0):
 
@@ -20,26 +21,27 @@ Reward (shaped, stated in full; at most 1.0):
   (nothing for guessing). This is the no-tool baseline: the best a policy
   that never calls the tool can score.
 - no answer (the second turn called the tool again): 0.0.
-- a well-formed call (any key): ``CALL_CREDIT`` (0.2), shaped: it gives a
-  random policy a signal for the call alone;
-- after a call, an answer that starts with a digit: plus ``DIGIT_CREDIT``
-  (0.1) over the answer's length (shaped: the answer's form, so the digit
-  to copy is one of a few, not one of the whole vocabulary);
-- the asked key looked up: plus the remaining 0.7 times the answer's
+- a well-formed call (any key) followed by an answer: ``CALL_CREDIT`` (0.2),
+  shaped: it gives a random policy a signal for the call alone;
+- the asked key looked up: plus the remaining 0.8 times the answer's
   character-wise credit against its value (``succ_digit.charwise_reward``:
   right digit and stop = 1, right digit then k junk characters = 1/(k+1)).
 
 A policy that calls the tool and answers a digit without reading the result
-scores 0.3 plus a right answer by chance (1 in 4 with 4 digits: 0.475 on
-average for a constant digit); only reading the result reaches 1.0.
+scores 0.2 plus 0.8 for a right answer by chance (1 in 4 with 4 digits: 0.4
+on average); only reading the result reaches 1.0. There is no credit for an
+answer's form (a digit, any digit): measured, it pulled every group towards
+the same digit whatever the value (0.1 for it in every group, the value's
+0.7 in a quarter of them), and one run of two settled on a constant answer
+that no group then told apart (docs/quickstart.md).
 
 Learnable from random initialisation because the task's tokenizer keeps its
 fixed texts whole (``tokenizer_tokens``): the tools block the template writes
 into every system prompt and each of the ``len(KEYS)`` possible calls are one
 token each, so a prompt is 23 tokens and a random policy emits a call by
 chance (one of the vocabulary's 79 tokens is the call; recipe/lookup-local.yaml
-caps a turn at 3 tokens, so a call is often the turn's last token, which the
-parser needs). Real tokenizers do the same for ``<tool_call>`` (Qwen's added
+caps a turn at 1 token, so a call is the turn's last token, which the parser
+needs). Real tokenizers do the same for ``<tool_call>`` (Qwen's added
 tokens); a call spelled out in some 25 tokens would not be found by a random
 policy in minutes.
 
@@ -67,13 +69,12 @@ KEYS = ("a",)
 the call is a single token to find (more keys are a choice to learn on top)."""
 CALL_CREDIT = 0.2
 """Reward for a well-formed ``lookup`` call followed by an answer (shaped)."""
-DIGIT_CREDIT = 0.1
-"""Reward for an answer that is a digit, after a call (shaped)."""
 REPEAT = 8
 """The tool answers with the value written this many times ("7" -> "77777777"): at
 random initialisation attention is near uniform, so eight copies of the value in
 the context (and tied embeddings) make the policy more likely to say it. With a
-single copy, runs here had collapsed to a constant answer by step 150."""
+single copy, runs here had collapsed to a constant answer by step 150; with 32 copies
+(a longer context; 3 tokens a turn) two runs of two had not found a digit answer by step 150."""
 MAX_TURNS = 2
 """Model turns per rollout: the call, then the answer (a second call leaves no answer)."""
 FORWARDED = ("temperature", "top_p", "max_tokens")
@@ -102,12 +103,6 @@ def call_text(key: str) -> str:
     return "<tool_call>\n" + json.dumps({"name": "lookup", "arguments": {"key": key}}) + "\n</tool_call>"
 
 
-def digit_credit(answer: str) -> float:
-    """1/len of the stripped answer when it starts with a digit, else 0 (the answer's form)."""
-    answer = answer.strip()
-    return 1.0 / len(answer) if answer[:1].isdigit() else 0.0
-
-
 def lookup_reward(
     called: list[str], asked: str, table: dict[str, str], answer: str | None
 ) -> float:
@@ -115,9 +110,9 @@ def lookup_reward(
     ``answer`` is None when every turn called the tool (the agent never answered)."""
     if not called or answer is None:
         return 0.0
-    reward = CALL_CREDIT + DIGIT_CREDIT * digit_credit(answer)
+    reward = CALL_CREDIT
     if asked in called:
-        reward += (1.0 - CALL_CREDIT - DIGIT_CREDIT) * charwise_reward(answer, table[asked])
+        reward += (1.0 - CALL_CREDIT) * charwise_reward(answer, table[asked])
     return reward
 
 

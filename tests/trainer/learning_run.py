@@ -7,7 +7,8 @@ a silent bug could break, by patching the real code path (the loop turns
 rollouts into datums with ``core.trainer.signal.build_signal``) in this process
 only (so test_learning.py can run several variants at once, each in its own
 process): the advantage sign, the loss mask, the logprobs the ratio is
-computed against, the weight sync, or (multi-turn tasks) which turns train.
+computed against, the weight sync, or (multi-turn tasks) which turns train and whether the tool
+result between them is trained as generated.
 Metrics go to ``RUN_DIR/metrics.jsonl``.
 """
 
@@ -85,6 +86,24 @@ def _second_turn_untrained() -> list[str]:
     return []
 
 
+def _tool_result_trained() -> list[str]:
+    """The tokens between a row's turns (the tool result and the template around it) are
+    trained as if the model had generated them: loss mask 1 there, with the advantage of the
+    rollout and the 0.0 sampler logprob the row holds for them (multi-turn tasks)."""
+    real = _original(signal, "trace_to_datum")
+
+    def tool_result_trained(record: Any, advantage: float) -> Any:
+        if len(record.turns) < 2:
+            return real(record, advantage)
+        mask = list(record.loss_mask)
+        for before, after in zip(record.turns, record.turns[1:], strict=False):
+            mask[before.end : after.start] = [1] * (after.start - before.end)
+        return real(replace(record, loss_mask=mask), advantage)
+
+    _patch(signal, "trace_to_datum", tool_result_trained)
+    return []
+
+
 def _mismatched_logprobs() -> list[str]:
     """Sampler logprobs at T=1, trainer logprobs at T=0.7: ratios far from 1, clipped away."""
     return ["+algorithm.loss_config.temperature=0.7"]
@@ -107,6 +126,7 @@ SABOTAGES: dict[str, Callable[[], list[str]]] = {
     "mismatched-logprobs": _mismatched_logprobs,
     "no-weight-sync": _no_weight_sync,
     "second-turn-untrained": _second_turn_untrained,
+    "tool-result-trained": _tool_result_trained,
 }
 
 

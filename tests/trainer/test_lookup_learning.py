@@ -1,28 +1,34 @@
-"""The multi-turn lookup task learns through the real gateway and tool parser, and would
-not if the second turn went untrained.
+"""The multi-turn lookup task learns through the real gateway and tool parser to read the
+value out of the tool result, and would not if the second turn went untrained or the tool
+result were trained as if the model had generated it.
 
 A shortened ``python -m core.train task=lookup`` (local backend, tiny model from the
 seed, the task's agent on the official openai SDK in local-runtime processes, real
 gateway and Hermes tool parser) must lift the mean reward far above the no-tool
 baseline: a rollout without a well-formed ``lookup`` call scores 0.0, so 0.0 is the
 best a policy that never calls the tool can reach (core/tasks/lookup.py states the
-shaped reward in full). The healthy run starts from random weights and, by ``STEPS``,
-calls the tool in nearly every rollout and answers in the second turn with a digit.
+shaped reward in full). The value is drawn per row from 4 digits, so an answer that
+does not read the tool result is right 1 time in 4: the healthy run, from random
+weights, must by ``STEPS`` answer the looked-up value in far more rollouts than that
+(``MIN_RIGHT``; margins from the runs in docs/quickstart.md).
 
-What is asserted is what every measured run reached within this budget (the call,
-then the answer's form); reading the value out of the tool result comes later and at
-a step that varies between runs (docs/quickstart.md has the figures), so it is
-reported, not asserted.
+Sabotages, as in test_learning.py (cheap: each resumes from the healthy run's
+checkpoint at ``RESUME_AT``, where calls are being found and the answers are not yet
+digits, and runs to ``STEPS``):
 
-Sabotage, as in test_learning.py (cheap: it resumes from the healthy run's checkpoint
-at ``RESUME_AT``, where calls are being found and the second turn is still random,
-and runs to ``STEPS``): ``second-turn-untrained`` gives every turn after a row's first
-no weight, so the answer after the tool result is never trained. It learns the call
-(turn one) but its answers keep the form they had; the healthy run's do not.
+- ``second-turn-untrained`` gives every turn after a row's first no weight, so the
+  answer after the tool result is never trained: it learns the call (turn one) but
+  its answers keep the random form they had.
+- ``tool-result-trained`` gives the tokens between the turns (the tool result and the
+  template around it) loss weight 1, as a gateway that recorded them as generated
+  would: they dilute the step's token mean and pull the model towards writing tool
+  results. Its answers do not learn the copy the healthy run learns from the same
+  checkpoint.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -41,16 +47,26 @@ pytestmark = pytest.mark.long
 """Minutes of training: outside README's ``python -m pytest``; ``python -m pytest -m long`` runs it (CI does)."""
 
 RUNNER = Path(__file__).with_name("learning_run.py")
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout under test: first on the runs' ``sys.path`` (the runner's own folder comes
+first otherwise, then whatever ``core`` the environment has installed)."""
 SEED = 0
-STEPS = 120
-"""Where every measured run calls the tool and answers with a digit (reward about 0.3)."""
+STEPS = 150
+"""Where every measured run answers the looked-up value in most rollouts."""
 RESUME_AT = 50
-"""Where the sabotaged run starts: calls are being found, answers are still random."""
+"""Where the sabotaged runs start: calls are being found, answers are still mostly not digits."""
 WINDOW = 10
-MIN_FINAL = 0.25
-"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.28-0.30;
-a call alone earns 0.2, a call and a digit answer 0.3)."""
-SABOTAGES = ["second-turn-untrained"]
+CHANCE = 0.25
+"""Share of right answers for a policy that answers a digit without reading the result."""
+MIN_RIGHT = 0.45
+"""Healthy share of answers that are the looked-up value over the last ``WINDOW`` steps
+(runs measured here, seeds 0-4: 0.62-0.91 at step 150; chance 0.25)."""
+MIN_FINAL = 0.5
+"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.69-0.93;
+a call and a digit that does not read the result earn 0.4 on average)."""
+MAX_SABOTAGED_RIGHT = 0.35
+"""A sabotaged run's share of right answers over the last ``WINDOW`` steps (measured: TBD)."""
+SABOTAGES = ["second-turn-untrained", "tool-result-trained"]
 TASK = ["task=lookup", "trainer.eval_every=0"]
 Records = list[dict[str, Any]]
 
@@ -70,6 +86,7 @@ def _run(variant: str, run_dir: Path, log: Path, *overrides: str) -> tuple[Recor
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=900,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
         )
     assert proc.returncode == 0, f"{variant} run failed (exit {proc.returncode}):\n{log.read_text()[-3000:]}"
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
@@ -106,7 +123,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(root: Path) -> dict[str, Records]:
-    with ThreadPoolExecutor(max_workers=1 + len(SABOTAGES)) as pool:  # 2 processes on 2 cores
+    with ThreadPoolExecutor(max_workers=1 + len(SABOTAGES)) as pool:  # the sabotages start at RESUME_AT
         healthy = pool.submit(
             _run, "none", root / "none", root / "none.log",
             f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
@@ -119,7 +136,7 @@ def runs(root: Path) -> dict[str, Records]:
 
 
 @pytest.mark.slow
-def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records], root: Path) -> None:
+def test_lookup_learns_to_answer_the_looked_up_value(runs: dict[str, Records], root: Path) -> None:
     records = runs["none"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     start, final = window_mean(records, WINDOW), window_mean(records, STEPS)
@@ -127,35 +144,35 @@ def test_lookup_learns_far_above_the_no_tool_baseline(runs: dict[str, Records], 
     right = answer_share(root / "none", _last(STEPS), "answer_starts_right")
     print(
         f"no-tool baseline 0.0; first steps {start:.3f} -> final {final:.3f}; "
-        f"answers a digit {digit:.2f}, the looked-up one {right:.2f} (chance 0.25)"
+        f"answers a digit {digit:.2f}, the looked-up one {right:.2f} (chance {CHANCE})"
     )
     assert start < 0.1
-    assert final >= MIN_FINAL  # far above 0.0, and above what the call alone earns
+    assert final >= MIN_FINAL  # far above 0.0, and above what a call and a guessed digit earn
     last = {int(r["step"]): r for r in records}[STEPS]
     assert last["turns/total"] >= 1.8 * last["rollouts/total"]  # nearly every rollout calls, then answers
-    assert digit >= 0.8  # the second turn learned the answer's form
+    assert digit >= 0.9  # the second turn learned the answer's form
+    assert right >= MIN_RIGHT  # ... and reads it out of the tool result: chance is 0.25
     assert last["train/logprob_diff_max"] < 1e-3
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sabotage", SABOTAGES)
-def test_untrained_second_turn_does_not_learn_the_answer(
-    sabotage: str, runs: dict[str, Records], root: Path
-) -> None:
+def test_sabotaged_run_does_not_learn_the_copy(sabotage: str, runs: dict[str, Records], root: Path) -> None:
     records = runs[sabotage]
     assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
-    start_digit = answer_share(root / "none", _last(RESUME_AT))
-    healthy_digit = answer_share(root / "none", _last(STEPS))
+    start_right = answer_share(root / "none", _last(RESUME_AT), "answer_starts_right")
+    healthy_right = answer_share(root / "none", _last(STEPS), "answer_starts_right")
     digit = answer_share(root / sabotage, _last(STEPS))
+    right = answer_share(root / sabotage, _last(STEPS), "answer_starts_right")
     healthy, final = window_mean(runs["none"], STEPS), window_mean(records, STEPS)
     print(
-        f"{sabotage}: answers a digit {start_digit:.2f} at step {RESUME_AT} -> {digit:.2f} at {STEPS} "
-        f"(healthy {healthy_digit:.2f}); reward {final:.3f} (healthy {healthy:.3f})"
+        f"{sabotage}: right answers {start_right:.2f} at step {RESUME_AT} -> {right:.2f} at {STEPS} "
+        f"(healthy {healthy_right:.2f}); digits {digit:.2f}; reward {final:.3f} (healthy {healthy:.3f})"
     )
-    # From the same checkpoint the healthy run learned the answer's form; this one did not.
-    assert healthy_digit >= 0.8 and start_digit < 0.5
-    assert digit < 0.5 and digit < healthy_digit - 0.4
-    assert final < healthy - 0.04 and final < 0.24  # the call's 0.2, little more
+    # From the same checkpoint the healthy run learned to read the result; this one did not.
+    assert start_right < 0.15 and healthy_right >= MIN_RIGHT
+    assert right < MAX_SABOTAGED_RIGHT and right < healthy_right - 0.25
+    assert final < healthy - 0.2
 
 
 def _last(step: int) -> range:

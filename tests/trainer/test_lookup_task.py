@@ -33,9 +33,11 @@ def test_reward_pays_nothing_without_a_call_and_the_answer_only_after_the_asked_
     assert task.lookup_reward([asked], asked, table, None) == 0.0  # called, never answered
     assert task.lookup_reward([asked], asked, table, right) == 1.0
     assert task.lookup_reward([asked], asked, table, "") == task.CALL_CREDIT
-    assert task.lookup_reward([asked], asked, table, wrong) == task.CALL_CREDIT + task.DIGIT_CREDIT
+    # No credit for the answer's form: a wrong digit earns what any other reply does.
+    assert task.lookup_reward([asked], asked, table, wrong) == task.CALL_CREDIT
+    assert task.lookup_reward([asked], asked, table, "x") == task.CALL_CREDIT
     assert task.lookup_reward([asked], asked, table, right + "xx") == pytest.approx(0.2 + 0.8 / 3)
-    assert task.lookup_reward(["z"], asked, table, right) == task.CALL_CREDIT + task.DIGIT_CREDIT
+    assert task.lookup_reward(["z"], asked, table, right) == task.CALL_CREDIT
 
 
 def test_dataset_draws_values_per_row_and_covers_every_key_in_eval(tmp_path: Path) -> None:
@@ -89,7 +91,7 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
     tok: Any, tmp_path: Path
 ) -> None:
     """Scripted replies per rollout: the asked call then the right answer (1.0), the asked
-    call then a wrong digit (CALL_CREDIT + DIGIT_CREDIT), a right guess without a call
+    call then a wrong digit (CALL_CREDIT), a right guess without a call
     (0.0), a call followed by more text (ill-formed: the parser refuses it, no tool runs,
     0.0), two calls in one turn then the answer (parallel_tool_calls=False: the gateway
     returns the first, the agent runs one), and calls in both turns (no answer, 0.0). The
@@ -106,7 +108,7 @@ def test_agent_runs_the_tool_through_the_real_gateway_and_the_trace_masks_its_re
     call = task.call_text(asked)
     cases = [
         ([call, value], 1.0, 2, 1),
-        ([call, wrong], task.CALL_CREDIT + task.DIGIT_CREDIT, 2, 1),
+        ([call, wrong], task.CALL_CREDIT, 2, 1),
         ([value], 0.0, 1, 0),
         ([call + " " + value], 0.0, 1, 0),
         ([call + call, value], 1.0, 2, 1),
