@@ -21,9 +21,11 @@ digits, and runs to ``STEPS``):
   its answers keep the random form they had.
 - ``tool-result-trained`` gives the tokens between the turns (the tool result and the
   template around it) loss weight 1, as a gateway that recorded them as generated
-  would: they dilute the step's token mean and pull the model towards writing tool
-  results. Its answers do not learn the copy the healthy run learns from the same
-  checkpoint.
+  would (with the 0.0 sampler logprob the row holds there). It is not fatal here: the
+  repeated value in the tool result is itself a copy to learn, so the answers still
+  learn to read it, more slowly (measured: 0.44 right at step 150 against the healthy
+  run's 0.72). What the test asserts is that slowdown and that the run's own
+  ``train/logprob_diff_max`` flags it (about 7 nats against the healthy run's < 1e-3).
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
 from core.trainer.metrics import read_metrics
 from core.trainer.traces import read_traces, trace_path
 
-pytestmark = pytest.mark.long
-"""Minutes of training: outside README's ``python -m pytest``; ``python -m pytest -m long`` runs it (CI does)."""
+pytestmark = [pytest.mark.long, pytest.mark.timeout(1800)]
+"""Minutes of training: outside README's ``python -m pytest``; ``python -m pytest -m long`` runs it
+(CI does). Three runs at once (about 6 minutes of CPU): on a 2-core machine shared with other
+work they took 13 minutes, past the suite's 600 s per test."""
 
 RUNNER = Path(__file__).with_name("learning_run.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,12 +64,10 @@ CHANCE = 0.25
 """Share of right answers for a policy that answers a digit without reading the result."""
 MIN_RIGHT = 0.45
 """Healthy share of answers that are the looked-up value over the last ``WINDOW`` steps
-(runs measured here, seeds 0-4: 0.62-0.91 at step 150; chance 0.25)."""
+(runs measured here, seeds 0-2: 0.62-0.99 at step 150; chance 0.25)."""
 MIN_FINAL = 0.5
-"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.69-0.93;
+"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.69-0.99 at step 150;
 a call and a digit that does not read the result earn 0.4 on average)."""
-MAX_SABOTAGED_RIGHT = 0.35
-"""A sabotaged run's share of right answers over the last ``WINDOW`` steps (measured: TBD)."""
 SABOTAGES = ["second-turn-untrained", "tool-result-trained"]
 TASK = ["task=lookup", "trainer.eval_every=0"]
 Records = list[dict[str, Any]]
@@ -157,7 +159,9 @@ def test_lookup_learns_to_answer_the_looked_up_value(runs: dict[str, Records], r
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sabotage", SABOTAGES)
-def test_sabotaged_run_does_not_learn_the_copy(sabotage: str, runs: dict[str, Records], root: Path) -> None:
+def test_sabotaged_run_does_not_learn_the_copy_as_the_healthy_run_does(
+    sabotage: str, runs: dict[str, Records], root: Path
+) -> None:
     records = runs[sabotage]
     assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
     start_right = answer_share(root / "none", _last(RESUME_AT), "answer_starts_right")
@@ -165,14 +169,26 @@ def test_sabotaged_run_does_not_learn_the_copy(sabotage: str, runs: dict[str, Re
     digit = answer_share(root / sabotage, _last(STEPS))
     right = answer_share(root / sabotage, _last(STEPS), "answer_starts_right")
     healthy, final = window_mean(runs["none"], STEPS), window_mean(records, STEPS)
+    gap = max(r["train/logprob_diff_max"] for r in records)
     print(
         f"{sabotage}: right answers {start_right:.2f} at step {RESUME_AT} -> {right:.2f} at {STEPS} "
-        f"(healthy {healthy_right:.2f}); digits {digit:.2f}; reward {final:.3f} (healthy {healthy:.3f})"
+        f"(healthy {healthy_right:.2f}); digits {digit:.2f}; reward {final:.3f} (healthy {healthy:.3f}); "
+        f"largest sampler/trainer logprob gap {gap:.3g}"
     )
-    # From the same checkpoint the healthy run learned to read the result; this one did not.
+    # From the same checkpoint the healthy run learned to read the result.
     assert start_right < 0.15 and healthy_right >= MIN_RIGHT
-    assert right < MAX_SABOTAGED_RIGHT and right < healthy_right - 0.25
-    assert final < healthy - 0.2
+    if sabotage == "second-turn-untrained":
+        # The answer is never trained: no better than chance, far below the healthy run.
+        assert right < CHANCE + 0.05 and right < healthy_right - 0.3
+        assert final < healthy - 0.3
+    else:
+        # Trained on tokens it never sampled: it learns the copy more slowly (measured 0.44
+        # against 0.72 at step 150), and the run's own metric flags it: the tool result has
+        # no sampler logprob, so trainer and sampler disagree there by nats.
+        assert right < healthy_right - 0.12
+        assert final < healthy - 0.1
+        assert gap > 1.0
+    assert max(r["train/logprob_diff_max"] for r in runs["none"]) < 1e-3
 
 
 def _last(step: int) -> range:
