@@ -69,7 +69,8 @@ MIN_FINAL = 0.5
 """Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.69-0.99 at step 150;
 a call and a digit that does not read the result earn 0.4 on average)."""
 SABOTAGES = ["second-turn-untrained", "tool-result-trained"]
-TASK = ["task=lookup", "trainer.eval_every=0"]
+TASK = ["task=lookup", "trainer.eval_every=0", "trainer.keep_traces=0"]
+"""keep_traces=0: the test reads the traces of steps 41-50 after step 150 is written."""
 Records = list[dict[str, Any]]
 
 
