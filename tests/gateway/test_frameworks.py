@@ -15,7 +15,9 @@ Marker ``frameworks`` (importing the frameworks costs seconds of CPU):
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -241,13 +243,20 @@ def test_pydantic_ai_anthropic_tool_loop(harness: Harness) -> None:
 
 
 @pytest.fixture
-def litellm(monkeypatch: pytest.MonkeyPatch) -> Any:
+def litellm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # Without it LiteLLM fetches its model price list from GitHub on import.
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm as lib
 
     lib.suppress_debug_info = True
-    return lib
+    yield lib
+    # LiteLLM caches the HTTP clients it made; close the synchronous ones (their connections
+    # would otherwise be collected later, in another test, as unclosed-socket warnings).
+    cache = getattr(lib, "in_memory_llm_clients_cache", None)
+    for client in list(getattr(cache, "cache_dict", {}).values()):
+        close = getattr(client, "close", None)
+        if callable(close) and not inspect.iscoroutinefunction(close):
+            close()
 
 
 def _litellm_loop(lib: Any, h: Harness, sid: str, model: str, base: str) -> None:
