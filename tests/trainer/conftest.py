@@ -4,9 +4,10 @@ The learning test's runs are subprocesses that need minutes of CPU while the
 rest of the suite mostly keeps one core busy. When its learning tests are
 selected, they move to the end of the session and their runs start as soon as
 collection ends, so on a 2-core machine they use the core the other tests
-leave idle (at a lower priority, so the tests they overlap keep theirs); by
-the time the learning tests come up, most of the training is done. What the
-tests assert is unchanged.
+leave idle; by the time the learning tests come up, most of the training is
+done. What the tests assert is unchanged. (Not at a lower priority: on a
+machine shared with other jobs a niced run starves, and the session then
+waits for it at the end.)
 """
 
 from __future__ import annotations

@@ -84,8 +84,6 @@ def window_mean(records: Records, end: int) -> float:
     return _mean([by_step[s] for s in range(end - WINDOW + 1, end + 1)])
 
 
-NICE = ["nice", "-n", "10"] if shutil.which("nice") else []
-"""The runs yield the CPU to the tests they overlap (some time what they measure) and take what is idle."""
 RUN_TIMEOUT_S = 1200
 """Per run; the learning tests' own pytest timeout (``SLOW_TIMEOUT_S``) covers waiting for all of them."""
 SLOW_TIMEOUT_S = 2400
@@ -142,7 +140,7 @@ class LearningRuns:
             if self._stopped.is_set():
                 raise RuntimeError(f"{variant} run not started: the session is ending")
             proc = subprocess.Popen(
-                [*NICE, sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *RUN_OVERRIDES, *overrides],
+                [sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *RUN_OVERRIDES, *overrides],
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
