@@ -28,9 +28,14 @@ _validators: OrderedDict[str, Any] = OrderedDict()
 
 def _validator(schema: Any) -> Any:
     """A compiled validator of ``schema`` (cached by its JSON text); None when it is not a
-    valid JSON schema (then no call can be shown to fit it)."""
+    valid JSON schema (then no call can be shown to fit it).
+
+    The empty registry is why a ``$ref`` to a URL is unresolvable (so nothing fits it)
+    rather than fetched: without one jsonschema GETs it, blocking the event loop, at a
+    URL the client chose."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
+    from referencing import Registry
 
     try:
         key = json.dumps(schema, sort_keys=True)
@@ -41,7 +46,7 @@ def _validator(schema: Any) -> Any:
         return _validators[key]
     try:
         Draft202012Validator.check_schema(schema)
-        validator: Any = Draft202012Validator(schema)
+        validator: Any = Draft202012Validator(schema, registry=Registry())
     except (SchemaError, RecursionError):
         validator = None
     _validators[key] = validator

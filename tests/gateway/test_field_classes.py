@@ -10,7 +10,10 @@ to check the escape hatch ``gateway.ignore_request_fields`` end to end.
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
+import threading
+import warnings
 from typing import Any
 
 import anthropic
@@ -312,11 +315,44 @@ def test_strict_schemas_that_cannot_check_anything_fit_nothing() -> None:
     schemas = strict_schemas([{"type": "function", "function": {"name": "f", "strict": True,
                                                                 "parameters": {"type": 12}}}])
     assert split_strict(schemas, [("f", {"a": 1}), ("g", {"x": 1})]) == ([("g", {"x": 1})], 1)
-    remote = strict_schemas([{"name": "r", "strict": True, "input_schema": {"$ref": "http://example.invalid/s"}}],
-                            flat=True)
-    assert split_strict(remote, [("r", {})]) == ([], 1)  # never fetched: unresolvable, so no fit
     assert split_strict(strict_schemas([{"name": "s", "strict": True}], flat=True), [("s", "raw text")]) == ([], 1)
     assert strict_schemas([{"type": "function", "function": {"name": "f"}}]) is None
+
+
+def test_a_strict_schema_s_remote_ref_is_never_fetched() -> None:
+    """A ``$ref`` to a URL is unresolvable (no fit), never a GET: validation runs on the
+    gateway's event loop and a client must not make the gateway fetch anything. A local
+    HTTP server that would serve the schema counts the requests it gets."""
+    from core.gateway.strict import split_strict, strict_schemas
+
+    hits: list[str] = []
+
+    class Serve(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            body = b'{"type": "object"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Serve)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/s.json"
+        remote = strict_schemas([{"name": "r", "strict": True, "input_schema": {"$ref": url}}], flat=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert split_strict(remote, [("r", {})]) == ([], 1)  # unresolvable, so no fit
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert hits == [] and [str(w.message) for w in caught] == []
 
 
 def test_fields_other_servers_take_get_a_hint() -> None:
