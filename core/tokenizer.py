@@ -218,7 +218,11 @@ def with_chat_template(tokenizer: Any) -> Any:
         return tokenizer
     from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
 
-    return convert_tekken_tokenizer(str(path))
+    converted = convert_tekken_tokenizer(str(path))
+    # The conversion forgets where the checkpoint is (so may the loaded tokenizer: then the
+    # tekken.json's directory); end_of_turn_ids reads its generation_config.json from there.
+    converted.name_or_path = getattr(tokenizer, "name_or_path", "") or str(path.parent)
+    return converted
 
 
 _EOT_USER = "\u2063tracerl-eot-user\u2063"

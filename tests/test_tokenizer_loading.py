@@ -229,6 +229,9 @@ def test_a_mistral_tokenizer_in_mistrals_format_gets_a_chat_template_that_encode
     from core.tokenizer import with_chat_template
 
     tekken = _tiny_tekken(tmp_path / "model")
+    # Its generation_config.json lists a second end of turn (id 7): the conversion keeps the
+    # directory (name_or_path), so the stop ids still include it.
+    (tmp_path / "model" / "generation_config.json").write_text('{"eos_token_id": [2, 7]}', encoding="utf-8")
     native = MistralCommonBackend.from_pretrained(str(tmp_path / "model"))
     assert not getattr(native, "chat_template", None)
     with pytest.raises(Exception, match="chat_template"):
@@ -248,7 +251,8 @@ def test_a_mistral_tokenizer_in_mistrals_format_gets_a_chat_template_that_encode
     rendered = renderer.render_text([dict(m) for m in chat], tools, add_generation_prompt=False)
     assert renderer.encode(rendered) == reference.tokens
     assert rendered.endswith('[TOOL_RESULTS]{"content": 1, "call_id": "aB3dE6gH9"}[/TOOL_RESULTS]one</s>')
-    assert end_of_turn_ids(tok) == (tok.convert_tokens_to_ids("</s>"),)
+    assert tok.name_or_path == str(tekken.parent)
+    assert end_of_turn_ids(tok) == (tok.convert_tokens_to_ids("</s>"), 7)
 
 
 def test_load_tokenizer_gives_a_mistral_checkpoint_a_chat_template(tmp_path: Path) -> None:

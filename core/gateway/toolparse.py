@@ -390,14 +390,19 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 def kept_call_ids(parsed: ParsedOutput, kept: list[tuple[str, Any]]) -> list[str | None]:
     """The model's ids of ``kept``, calls of ``parsed`` that survived ``tool_choice`` (an ordered
     subsequence of ``parsed.tool_calls``: each is matched to the next equal call); None where
-    the model wrote none."""
+    the model wrote none, or wrote one already given to an earlier call of ``kept`` (clients
+    match tool results to calls by id, so a turn never returns one id twice)."""
     if not parsed.call_ids:
         return [None] * len(kept)
     out: list[str | None] = []
+    given: set[str] = set()
     at = 0
     for call in kept:
         while at < len(parsed.tool_calls) and parsed.tool_calls[at] != call:
             at += 1
-        out.append(parsed.call_ids[at] if at < len(parsed.call_ids) else None)
+        ident = parsed.call_ids[at] if at < len(parsed.call_ids) else None
+        out.append(ident if ident is not None and ident not in given else None)
+        if ident is not None:
+            given.add(ident)
         at += 1
     return out

@@ -154,6 +154,11 @@ def test_call_ids_are_the_models_where_kept_and_fresh_ones_fit_the_format() -> N
     assert kept_call_ids(out, [("b", {})]) == ["bbbbbbbb2"]  # tool_choice kept only b
     assert kept_call_ids(out, [("a", {}), ("a", {})]) == ["aaaaaaaa1", "aaaaaaaa3"]
     assert kept_call_ids(parse_hermes('<tool_call>{"name": "a", "arguments": {}}</tool_call>'), [("a", {})]) == [None]
+    # An id the model wrote twice is kept once: clients match tool results to calls by id.
+    twice = parse_mistral('[TOOL_CALLS][{"name": "a", "arguments": {}, "id": "aaaaaaaa1"}, '
+                          '{"name": "b", "arguments": {}, "id": "aaaaaaaa1"}, {"name": "c", "arguments": {}, "id": "aaaaaaaa1"}]')
+    assert kept_call_ids(twice, twice.tool_calls) == ["aaaaaaaa1", None, None]
+    assert kept_call_ids(twice, [("b", {}), ("c", {})]) == ["aaaaaaaa1", None]  # unique among those returned
     assert re.fullmatch(r"[a-zA-Z0-9]{9}", new_call_id("mistral"))  # mistral-common refuses other ids
     assert re.fullmatch(r"call_[0-9a-f]{24}", new_call_id("hermes")) and new_call_id(None).startswith("call_")
 
