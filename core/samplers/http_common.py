@@ -252,6 +252,16 @@ class HttpSampler:
             self._loop = loop
         return self._client
 
+    def client(self) -> ShardedClient:
+        """The HTTP client of the running loop, for callers that talk to the same servers
+        (the weight push): its connections, TLS context and limits."""
+        return self._http()
+
+    @property
+    def base_headers(self) -> dict[str, str]:
+        """Headers every request to the servers carries (content type, API key); a copy."""
+        return dict(self._base_headers)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)

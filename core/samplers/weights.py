@@ -20,7 +20,8 @@ Face layout: ``config.json`` plus ``*.safetensors``) and calls
   set once every server acknowledged the reload.
 
 A server that fails any of this (HTTP error, ``success: false``, a version
-other than the one pushed, no answer within ``update_timeout_s``) is taken out
+other than the one pushed, not done within ``update_timeout_s``: all of that
+server's calls together) is taken out
 of rotation for good (``ServerPool.retire``): it would serve stale weights,
 and a health check must not bring it back. With none left the push raises
 ``RunAborted`` naming every server's reason. The sampler's
@@ -130,17 +131,20 @@ class WeightPusher:
         )
 
     async def _push_one(self, server: ServerState, path: str, version: int) -> None:
-        client = self.sampler._http()
-        if self.protocol == "sglang":
-            await self._sglang(client, server, path, version)
-        else:
-            await self._vllm(client, server, path)
+        """One server's whole update; ``update_timeout_s`` bounds all its calls together
+        (vLLM takes three), not each one."""
+        client = self.sampler.client()
+        steps = self._sglang(client, server, path, version) if self.protocol == "sglang" else self._vllm(client, server, path)
+        try:
+            await asyncio.wait_for(steps, self.update_timeout_s)
+        except TimeoutError:
+            raise _PushFailed(f"the update did not finish within sampler.update_timeout_s={self.update_timeout_s:g}s") from None
 
     async def _post(self, client: Any, server: ServerState, route: str, body: dict[str, Any]) -> Any:
         resp = await client.post(
             server.url + route,
             json=body,
-            headers=self.sampler._base_headers,
+            headers=self.sampler.base_headers,
             timeout=self.update_timeout_s,
         )
         return self._answer(resp, "POST", route)
@@ -173,7 +177,7 @@ class WeightPusher:
         if not isinstance(data, dict) or data.get("success") is not True:
             raise _PushFailed(f"POST {SGLANG_UPDATE_PATH} did not succeed: {str(data)[:300]!r}")
         resp = await client.get(
-            server.url + SGLANG_VERSION_PATH, headers=self.sampler._base_headers, timeout=self.update_timeout_s
+            server.url + SGLANG_VERSION_PATH, headers=self.sampler.base_headers, timeout=self.update_timeout_s
         )
         info = self._answer(resp, "GET", SGLANG_VERSION_PATH)
         reported = info.get("weight_version") if isinstance(info, dict) else None

@@ -87,6 +87,8 @@ class Fleet:
         self.pusher = WeightPusher(self.sampler, update_timeout_s=config.update_timeout_s)
         self.weights_dir = Path(config.weights_dir or run_dir / "sampler_weights").resolve()
         self.last: PushReport | None = None
+        self._unreported_s = 0.0
+        """Push time since ``metrics`` last reported it."""
 
     async def push(self, backend: Any) -> PushReport:
         """Export ``backend``'s weights (at its ``weight_version``) and load them on every server.
@@ -101,6 +103,7 @@ class Fleet:
         report.seconds = time.perf_counter() - t0
         self._prune()
         self.last = report
+        self._unreported_s += report.seconds
         return report
 
     def _prune(self) -> None:
@@ -109,11 +112,13 @@ class Fleet:
             shutil.rmtree(old, ignore_errors=True)
 
     def metrics(self) -> dict[str, Any]:
-        """Per-step keys: servers in rotation, retired so far, last push time."""
+        """Per-step keys: servers in rotation, retired so far, time spent pushing since the
+        last call (0 on a step that pushed nothing, not the previous push's time again)."""
+        pushed, self._unreported_s = self._unreported_s, 0.0
         return {
             "sampler/servers": len(self.sampler.pool.servers),
             "sampler/retired": len(self.sampler.pool.retired),
-            "time/weight_push": self.last.seconds if self.last else 0.0,
+            "time/weight_push": pushed,
         }
 
     async def aclose(self) -> None:

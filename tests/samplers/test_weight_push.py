@@ -186,3 +186,37 @@ def test_a_push_during_a_request_leaves_that_request_on_its_version(slow_local_s
 
     result, later = asyncio.run(go())
     assert (result.weight_version, later.weight_version) == (0, 9)
+
+
+def test_update_timeout_bounds_a_servers_whole_update(bg: BackgroundLoop) -> None:
+    """vLLM's update is three calls: ``update_timeout_s`` is their total, not each one's. The
+    server is a stand-in for vLLM's edge (no vLLM in CI) whose every call takes 0.3 s: each is
+    within 0.5 s, all three are not."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from tests.samplers.servers import UvicornApp
+
+    async def slow(request: Request) -> JSONResponse:
+        await asyncio.sleep(0.3)
+        return JSONResponse({})
+
+    app = Starlette(routes=[Route("/collective_rpc", slow, methods=["POST"]),
+                            Route("/reset_prefix_cache", slow, methods=["POST"])])
+    server = UvicornApp(app)
+    bg.run(server.start())
+    sampler = build_http_sampler(HttpSamplerConfig(kind="vllm", urls=[server.url], health_interval_s=0))
+
+    async def go() -> None:
+        try:
+            await WeightPusher(sampler, update_timeout_s=0.5).push("/weights/v3", 3)
+        finally:
+            await sampler.aclose()
+
+    try:
+        with pytest.raises(RunAborted, match=r"did not finish within sampler\.update_timeout_s=0\.5s"):
+            asyncio.run(go())
+    finally:
+        bg.run(server.stop())

@@ -68,6 +68,37 @@ def test_sampler_defaults_to_the_backend_and_takes_a_fleet(tmp_path: Path) -> No
     assert sampler_config(cfg.sampler).vllm_endpoint == "completions"
 
 
+def test_weight_push_time_is_reported_once_per_push(tmp_path: Path) -> None:
+    """A step that pushed nothing (no signal, no training) reports 0 push time, not the previous
+    push's again. The servers are not reached: the pusher stands in (its own tests are
+    tests/samplers/test_weight_push.py); the export writes a real directory."""
+    from core.samplers.weights import PushReport
+    from core.trainer.fleet import Fleet
+
+    fleet = Fleet(SamplerConfig(kind="sglang", urls=["http://127.0.0.1:9"]), tmp_path)
+
+    class Backend:
+        weight_version = 3
+
+        async def export_weights(self, path: str) -> str:
+            Path(path).mkdir(parents=True)
+            return path
+
+    async def push(path: str, version: int) -> PushReport:
+        return PushReport(version=version, updated=["http://127.0.0.1:9"])
+
+    fleet.pusher.push = push  # type: ignore[method-assign]
+
+    async def go() -> list[float]:
+        await fleet.push(Backend())
+        seen = [fleet.metrics()["time/weight_push"], fleet.metrics()["time/weight_push"]]
+        await fleet.aclose()
+        return seen
+
+    pushed, idle = asyncio.run(go())
+    assert pushed > 0 and idle == 0.0
+
+
 def test_a_fleet_without_urls_names_the_key(tmp_path: Path) -> None:
     cfg, _ = _compose(tmp_path, "sampler=sglang")
 
