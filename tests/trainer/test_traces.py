@@ -7,6 +7,7 @@ import gzip
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,6 +123,14 @@ def test_round_trip_gives_back_the_exact_rows(tmp_path: Path) -> None:
     assert set(got.header["tokens"]) == {str(i) for r in outcomes[0].rows for i in r.token_ids}
 
 
+def _spy(name: str, run: Any, ran_on: dict[str, int]) -> Any:
+    def spy(*args: Any) -> Any:
+        ran_on[name] = threading.get_ident()
+        return run(*args)
+
+    return spy
+
+
 def test_the_loop_writes_traces_off_the_event_loop(tmp_path: Path) -> None:
     """``awrite_step`` (the training loop's) encodes and writes in a worker thread, so
     other tasks on the event loop (the gateway, the async rollout pool) run meanwhile;
@@ -148,14 +157,20 @@ def test_the_loop_writes_traces_off_the_event_loop(tmp_path: Path) -> None:
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         before = ticks
-        stats = await TraceWriter(tmp_path / "a", 1, decode).awrite_step(2, outcomes, {"r1": 0.5}, weight_version=1)
+        writer = TraceWriter(tmp_path / "a", 1, decode)
+        for name in ("_encode", "_write"):  # the real methods, recording the thread they run on
+            setattr(writer, name, _spy(name, getattr(writer, name), ran_on))
+        stats = await writer.awrite_step(2, outcomes, {"r1": 0.5}, weight_version=1)
         during = ticks - before
         task.cancel()
         return during, stats
 
+    ran_on: dict[str, int] = {}
     during, stats = asyncio.run(main())
+    loop_thread = threading.get_ident()  # asyncio.run runs the loop on this thread
+    assert set(ran_on) == {"_encode", "_write"} and loop_thread not in ran_on.values()
     assert during > 0  # the loop ran other tasks while the step's traces were written
-    assert decoded_on == {threading.get_ident()}
+    assert decoded_on == {loop_thread}
     assert stats["traces/bytes"] == trace_path(tmp_path / "a", "train", 2).stat().st_size
     TraceWriter(tmp_path / "b", 1, decode).write_step(2, outcomes, {"r1": 0.5}, weight_version=1)
     a, b = read_traces(trace_path(tmp_path / "a", "train", 2)), read_traces(trace_path(tmp_path / "b", "train", 2))
