@@ -3,7 +3,6 @@ dropped; and the logprob text conversion, cached per token id (it runs on the ev
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 from typing import Any
 
@@ -112,12 +111,9 @@ def test_logprob_text_is_cached_per_token_id(byte_tokenizer: Any, monkeypatch: p
         return real(*a, **kw)
 
     monkeypatch.setattr(byte_tokenizer, "convert_ids_to_tokens", counting)
-    start = time.process_time()
     second = text.logprobs(ids, [-1.0] * len(ids))
-    cost = time.process_time() - start
     monkeypatch.undo()
-    assert calls == 0 and second == first  # every id came from the cache
-    assert cost < 0.05, cost  # a few microseconds a token (the uncached path calls the tokenizer per id)
+    assert calls == 0 and second == first  # every id came from the cache (the uncached path calls the tokenizer per id)
     assert b"".join(bytes(e.bytes) for e in second).decode() == "héllo wörld, " * 200
     text.CACHE_IDS = 3
     small = text.logprobs(ids[:50], [0.0] * 50)
