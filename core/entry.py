@@ -3,20 +3,55 @@
 - ``load_checked_plugins``: load the plugins, register their config nodes, and look
   up the backend, runtime and reward the command line picks, so an unknown name
   fails with the installed ones listed instead of Hydra's generic error.
+- ``requested_choices``: the backend, runtime and reward a command line selects
+  (its overrides, else the primary config's defaults), read before Hydra composes.
 - ``run_hydra``: compose a primary config from an argument list and run a body on
   it, a ``TracerlError`` printed as ``error: ...`` (exit code 1).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, PluginError, TracerlError
 
 HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info")
 """Hydra's own flags that print and exit: nothing is looked up for them."""
+
+_GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime|reward)=(?P<value>[^\s]+)$")
+
+
+def _default_choice(group: str) -> str | None:
+    """The default option of ``group`` in the primary config's defaults list."""
+    import yaml
+
+    import core.conf
+
+    primary = Path(core.conf.__file__).parent / "train.yaml"
+    for entry in yaml.safe_load(primary.read_text()).get("defaults", []):
+        if isinstance(entry, dict) and group in entry:
+            return str(entry[group])
+    return None
+
+
+def requested_choices(argv: list[str]) -> dict[str, str]:
+    """Which backend, runtime and reward the command line (or the defaults) select."""
+    chosen: dict[str, str] = {}
+    for arg in argv:
+        match = _GROUP_OVERRIDE.match(arg)
+        if match:
+            chosen[match.group(1)] = match.group("value")
+    for group in ("backend", "runtime", "reward"):
+        if group not in chosen:
+            default = _default_choice(group)
+            if default is not None:
+                chosen[group] = default
+    return chosen
+
 
 
 def load_checked_plugins(argv: list[str], *, skip: Collection[str] = ()) -> Any:
@@ -29,7 +64,6 @@ def load_checked_plugins(argv: list[str], *, skip: Collection[str] = ()) -> Any:
     """
     from core.config import register_configs
     from core.plugins import load_plugins
-    from core.train import requested_choices
 
     plugins = load_plugins()
     for warning in plugins.warnings():  # a broken plugin this run does not use is not fatal

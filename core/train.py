@@ -8,40 +8,8 @@ missing backend fails with a message naming the installed ones (and the
 
 from __future__ import annotations
 
-import re
 import sys
-from pathlib import Path
 from typing import Any
-
-_GROUP_OVERRIDE = re.compile(r"^(?:\+{1,2})?(backend|runtime|reward)=(?P<value>[^\s]+)$")
-
-
-def _default_choice(group: str) -> str | None:
-    """The default option of ``group`` in the primary config's defaults list."""
-    import yaml
-
-    import core.conf
-
-    primary = Path(core.conf.__file__).parent / "train.yaml"
-    for entry in yaml.safe_load(primary.read_text()).get("defaults", []):
-        if isinstance(entry, dict) and group in entry:
-            return str(entry[group])
-    return None
-
-
-def requested_choices(argv: list[str]) -> dict[str, str]:
-    """Which backend, runtime and reward the command line (or the defaults) select."""
-    chosen: dict[str, str] = {}
-    for arg in argv:
-        match = _GROUP_OVERRIDE.match(arg)
-        if match:
-            chosen[match.group(1)] = match.group("value")
-    for group in ("backend", "runtime", "reward"):
-        if group not in chosen:
-            default = _default_choice(group)
-            if default is not None:
-                chosen[group] = default
-    return chosen
 
 
 def check_driving_settings(cfg: Any, backend: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.train import requested_choices
+from core.entry import requested_choices
 
 
 def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -73,6 +73,19 @@ def test_requested_choices_reads_overrides_and_defaults() -> None:
     assert requested_choices(["reward=judge"])["reward"] == "judge"
     assert requested_choices(["backend=verl", "seed=1"])["backend"] == "verl"
     assert requested_choices(["runtime=agentcore"])["runtime"] == "agentcore"
+
+
+def test_the_shared_entry_does_not_import_a_command() -> None:
+    """``core.entry`` serves ``core.train`` and ``core.eval``; importing either back (even lazily)
+    makes the two modules depend on each other."""
+    import ast
+
+    import core.entry
+
+    tree = ast.parse(Path(core.entry.__file__).read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not imported & {"core.train", "core.eval", "core.eval.__main__"}, imported
 
 
 @pytest.mark.parametrize("group", ["algorithm", "task"])
