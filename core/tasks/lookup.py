@@ -12,7 +12,7 @@ Shrunk for a random-init 137k-parameter model on CPU: one key (so the call
 takes no choice), values from the first ``digits`` digits (4 in the task
 config), the value repeated ``REPEAT`` times in the tool result, and (in
 recipe/lookup-local.yaml) one token per turn: the call is one token and the
-answer one digit. Measured (docs/quickstart.md): every run (seeds 0-2) calls
+answer one digit. Measured (docs/quickstart.md): every run (seeds 0-4) calls
 the tool and answers the looked-up value in most rollouts by step 150.
 
 Reward (shaped, stated in full; at most 1.0):

@@ -64,9 +64,9 @@ CHANCE = 0.25
 """Share of right answers for a policy that answers a digit without reading the result."""
 MIN_RIGHT = 0.45
 """Healthy share of answers that are the looked-up value over the last ``WINDOW`` steps
-(runs measured here, seeds 0-2: 0.62-0.99 at step 150; chance 0.25)."""
+(runs measured here, seeds 0-4: 0.62-0.99 at step 150; chance 0.25)."""
 MIN_FINAL = 0.5
-"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here: 0.69-0.99 at step 150;
+"""Healthy mean reward over the last ``WINDOW`` steps (runs measured here, seeds 0-4: 0.69-1.00 at step 150;
 a call and a digit that does not read the result earn 0.4 on average)."""
 SABOTAGES = ["second-turn-untrained", "tool-result-trained"]
 TASK = ["task=lookup", "trainer.eval_every=0", "trainer.keep_traces=0"]
