@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/figures.py                      # every figure but the expensive ones
     python benchmarks/figures.py --list               # names, commands, cost, where quoted
     python benchmarks/figures.py --only default_run,openai_client
-    python benchmarks/figures.py --skip default_run   # the cheap ones only (about 4 minutes)
+    python benchmarks/figures.py --skip default_run   # the cheap ones only (about 7 minutes)
     python benchmarks/figures.py --json figures.json
 
 Each figure names the command or benchmark that produces it and the pages that
@@ -253,6 +253,44 @@ def local_sampler(out: Path) -> dict[str, Any]:
     return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
 
 
+def traces(out: Path) -> dict[str, Any]:
+    """benchmarks/traces.py: trace size and write time of a toy step; a large step's encoding
+    CPU and how long it stalls the event loop, written on it or from the worker thread."""
+    code, wall, data = _benchmark_json(["benchmarks/traces.py"], out, "traces")
+    return {"exit_code": code, "wall_s": round(wall, 1), **(data if isinstance(data, dict) else {"data": data})}
+
+
+def _pytest_cpu(args: list[str], out: Path, name: str) -> tuple[int, float, float, str]:
+    """Run ``python -m pytest <args>``: (exit code, wall s, CPU s of the run and its children, output)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    code, wall, log = _python(["-m", "pytest", "-p", "no:cacheprovider", *args], out, name)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return code, wall, cpu, log
+
+
+def frameworks_tests(out: Path) -> dict[str, Any]:
+    """``python -m pytest -m frameworks`` (README's test section): its CPU time, imports included."""
+    code, wall, cpu, log = _pytest_cpu(["-q", "-m", "frameworks"], out, "frameworks_tests")
+    summary = [ln for ln in log.splitlines() if re.search(r"\d+ passed", ln)]
+    return {"exit_code": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "summary": summary[-1:] or log[-500:]}
+
+
+def stored_response_memory(out: Path) -> dict[str, Any]:
+    """A stored Response's logprobs kept compactly vs as per-token dicts (docs/gateway.md), as
+    tests/gateway/test_session_memory.py measures and prints it."""
+    code, wall, _, log = _pytest_cpu(
+        ["-q", "-s", "tests/gateway/test_session_memory.py", "-k", "fraction_of_the_dicts"], out, "stored_response_memory"
+    )
+    found = re.search(r"stored response memory: (\d+) tokens, (\d+) kB kept, (\d+) kB as dicts", log)
+    if found is None:
+        return {"exit_code": code or 1, "log_tail": log[-1500:]}
+    tokens, kept, dicts = (int(g) for g in found.groups())
+    return {"exit_code": code, "wall_s": round(wall, 1), "tokens": tokens, "kept_kB": kept, "as_dicts_kB": dicts}
+
+
 def seeds(out: Path) -> dict[str, Any]:
     """benchmarks/seeds.py over seeds 0..9 (the quickstart's table)."""
     code, wall, rows = _benchmark_json(
@@ -291,6 +329,12 @@ FIGURES = [
         gateway_append,
     ),
     Figure("local_sampler", "python benchmarks/local_sampler.py", ["docs/backends/local.md"], "30 s", local_sampler),
+    Figure("traces", "python benchmarks/traces.py", ["docs/viewer.md"], "30-60 s", traces),
+    Figure(
+        "stored_response_memory", "python -m pytest -s tests/gateway/test_session_memory.py -k fraction_of_the_dicts",
+        ["docs/gateway.md"], "15 s", stored_response_memory,
+    ),
+    Figure("frameworks_tests", "python -m pytest -m frameworks", ["README.md"], "30-60 s", frameworks_tests),
     Figure(
         "seeds", "python benchmarks/seeds.py --jobs 2 --stop-after 10", ["README.md", "docs/quickstart.md"],
         "15-25 min", seeds, expensive=True,
