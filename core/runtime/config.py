@@ -1,4 +1,5 @@
-"""Config schema of the built-in ``local`` runtime."""
+"""Config schema of the built-in ``local`` runtime (and the agent server settings that
+``runtime=ray`` passes to each actor's local pool)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,15 @@ from dataclasses import dataclass
 
 
 @dataclass
-class LocalRuntimeConfig:
-    """Agent app served by a pool of local processes."""
+class AgentServerSettings:
+    """How agent server processes run and report results: the same under ``runtime=local``
+    and inside each ``runtime=ray`` actor (one definition, so the two cannot drift)."""
 
-    name: str = "local"
-    """Runtime name."""
-    num_processes: int = 2
-    """Agent server processes; each serves many sessions concurrently."""
-    max_concurrency: int = 256
-    """Most rollouts in flight across all processes."""
-    startup_timeout_s: float = 60.0
-    """How long a process may take to answer ``/ping``."""
     python: str = ""
-    """Interpreter for agent processes; empty uses the trainer's."""
-    host: str = "127.0.0.1"
-    """Address agent servers bind (loopback: only this machine reaches them)."""
-    workdir: str = ""
-    """Folder for process logs and per-session directories; empty makes a temporary one."""
-    keep_workdirs: bool = False
-    """Keep each session's directory after its rollout (for debugging agents)."""
+    """Interpreter for agent processes; empty uses the one running the runtime (the
+    trainer's under ``runtime=local``, the actor's on a Ray node)."""
     max_restarts: int = 10
-    """Restarts allowed per process before it is left dead."""
+    """Restarts allowed per agent process before it is left dead (per actor under ``runtime=ray``)."""
     result_channel: str = "http"
     """``http`` (start/get polling) or ``s3`` (agentcore-rl-toolkit ``AgentCoreRLApp`` results)."""
     poll_interval_s: float = 0.05
@@ -37,3 +26,23 @@ class LocalRuntimeConfig:
     """S3 endpoint for ``result_channel=s3``; empty uses the AWS default/environment."""
     s3_exp_id: str = "tracerl"
     """Experiment prefix of result keys (``{exp_id}/{group_id}/{session_id}.json``)."""
+
+
+@dataclass
+class LocalRuntimeConfig(AgentServerSettings):
+    """Agent app served by a pool of local processes."""
+
+    name: str = "local"
+    """Runtime name."""
+    num_processes: int = 2
+    """Agent server processes; each serves many sessions concurrently."""
+    max_concurrency: int = 256
+    """Most rollouts in flight across all processes."""
+    startup_timeout_s: float = 60.0
+    """How long a process may take to answer ``/ping``."""
+    host: str = "127.0.0.1"
+    """Address agent servers bind (loopback: only this machine reaches them)."""
+    workdir: str = ""
+    """Folder for process logs and per-session directories; empty makes a temporary one."""
+    keep_workdirs: bool = False
+    """Keep each session's directory after its rollout (for debugging agents)."""

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from ray_test_cluster import NODE_ARGS, start_cluster, stop_cluster
 
 from core.runtime.ray import RayRuntime
 from core.testing import CONFORMANCE_AGENT
@@ -32,6 +31,7 @@ from tests.faults.harness import (
     statuses,
     step_records,
 )
+from tests.runtime_ray.ray_test_cluster import NODE_ARGS, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.ray
 

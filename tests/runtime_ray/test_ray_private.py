@@ -8,12 +8,12 @@ import time
 
 import pytest
 import ray
-from ray_test_cluster import alive
 
 from core.runtime.ray import RayRuntime
 from core.testing import CONFORMANCE_AGENT
 from core.testing.runtime_conformance import conformance_request
 from core.types import RolloutStatus
+from tests.runtime_ray.ray_test_cluster import alive
 
 pytestmark = pytest.mark.ray
 

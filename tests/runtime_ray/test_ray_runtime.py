@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from ray_test_cluster import agent_actor_states, agent_actors
 
 from core.errors import ConfigError
 from core.runtime.ray import RayRuntime
@@ -22,6 +21,7 @@ from core.runtime.ray.runtime import ACTOR_PREFIX
 from core.testing import CONFORMANCE_AGENT, RuntimeConformance, build_runtime
 from core.testing.runtime_conformance import conformance_request
 from core.types import RolloutStatus
+from tests.runtime_ray.ray_test_cluster import agent_actor_states, agent_actors
 
 pytestmark = pytest.mark.ray
 

@@ -8,10 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.runtime.config import AgentServerSettings
+
 
 @dataclass
-class RayRuntimeConfig:
-    """Agent sessions on a Ray cluster: actors, each hosting one node-local agent server pool."""
+class RayRuntimeConfig(AgentServerSettings):
+    """Agent sessions on a Ray cluster: actors, each hosting one node-local agent server pool.
+
+    The agent server settings (``python``, ``max_restarts``, ``result_channel``, ``s3_*``...)
+    come from ``AgentServerSettings`` and reach each actor's pool as under ``runtime=local``."""
 
     name: str = "ray"
     """Runtime name."""
@@ -46,20 +51,6 @@ class RayRuntimeConfig:
     """Agent server processes per actor (``runtime=local``'s ``num_processes``, per node)."""
     startup_timeout_s: float = 120.0
     """How long an actor may take to come up (placement plus its agent servers answering)."""
-    python: str = ""
-    """Interpreter for agent processes on the nodes; empty uses the actor's."""
-    max_restarts: int = 10
-    """Restarts of a dead agent process within one actor (as ``runtime=local``)."""
-    result_channel: str = "http"
-    """``http`` or ``s3`` (agentcore-rl-toolkit ``AgentCoreRLApp`` results), as ``runtime=local``."""
-    poll_interval_s: float = 0.05
-    """First polling interval for agent servers that cannot long-poll."""
-    s3_bucket: str = ""
-    """Bucket for ``result_channel=s3``."""
-    s3_endpoint_url: str = ""
-    """S3 endpoint for ``result_channel=s3``; empty uses the AWS default/environment."""
-    s3_exp_id: str = "tracerl"
-    """Experiment prefix of result keys (``{exp_id}/{group_id}/{session_id}.json``)."""
     num_cpus: float = 0.0
     """With an empty ``address``: CPUs of the private Ray (0: all of this machine's)."""
     object_store_memory_mb: int = 0

@@ -7,7 +7,7 @@ resources, labels and strategy, carries requests and results, and recreates an
 actor whose process or node died (``max_restarts``). Each actor runs the
 user's agent app as ``runtime=local`` does, on its own node, so every agent
 fault has the same status on both runtimes. This driver side only picks the
-least busy actor, maps Ray's errors (a dead actor, a lost node) to failed
+least busy actor with room, maps Ray's errors (a dead actor, a lost node) to failed
 results, forwards cancellation and kills its actors on ``aclose``.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime._results import failed
-from core.runtime.config import LocalRuntimeConfig
+from core.runtime.config import AgentServerSettings, LocalRuntimeConfig
 from core.runtime.ray._preflight import check_gateway_reachable
 from core.runtime.ray.config import RayRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
@@ -34,16 +34,13 @@ logger = logging.getLogger("core.runtime.ray")
 ACTOR_PREFIX = "tracerl-agent-"
 """Names of the agent actors start with this (then the runtime's id and the actor index)."""
 
-_PASSED_TO_LOCAL = (
-    "startup_timeout_s",
-    "python",
-    "max_restarts",
-    "result_channel",
-    "poll_interval_s",
-    "s3_bucket",
-    "s3_endpoint_url",
-    "s3_exp_id",
-)
+_PASSED_TO_LOCAL = ("startup_timeout_s", *(f.name for f in dataclasses.fields(AgentServerSettings)))
+"""Settings each actor's ``LocalRuntime`` gets from ``RayRuntimeConfig`` (shared by inheritance)."""
+
+PROBE_FIRST_S = 0.5
+"""First pause between ``ready`` probes of an actor Ray is recreating (doubles each time)."""
+PROBE_MAX_S = 30.0
+"""Longest pause between probes: a late actor is found again within this long."""
 
 
 def _import_ray() -> Any:
@@ -123,9 +120,11 @@ class RayRuntime:
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._cancelled: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        # Slots for the whole cluster, so that a rollout's timeout counts from when an
-        # actor has room for it (as under runtime=local), not while it queues.
-        self._sem = asyncio.Semaphore(self.config.num_actors * self.config.agents_per_actor)
+        # Signalled when an actor gets room or changes health: a rollout waits here for a
+        # live actor with fewer than agents_per_actor in flight, so that its timeout counts
+        # from when an actor has room for it (as under runtime=local), not while it queues,
+        # and the actor's spare concurrency stays free for cancel/ready/shutdown calls.
+        self._room = asyncio.Condition()
         self.rollouts_per_node: Counter[str] = Counter()
         """Rollouts that came back from each node id (placement, for metrics and tests)."""
         self._started = False
@@ -354,12 +353,36 @@ class RayRuntime:
             task.cancel()
 
     def _pick(self) -> _Slot | None:
-        """The least busy actor, preferring ones not being recreated; None when all are dead."""
+        """The least busy actor with room (under ``agents_per_actor`` in flight), among the
+        healthy ones while any is healthy; None while each is full."""
         live = [s for s in self._slots if not s.dead]
-        if not live:
+        pool = [s for s in live if s.healthy] or live
+        free = [s for s in pool if s.in_flight < self.config.agents_per_actor]
+        return min(free, key=lambda s: s.in_flight) if free else None
+
+    async def _acquire(self) -> _Slot | None:
+        """Wait for an actor with room and take one of its places; None when all are dead."""
+        async with self._room:
+            while any(not s.dead for s in self._slots):
+                slot = self._pick()
+                if slot is not None:
+                    slot.in_flight += 1
+                    return slot
+                await self._room.wait()
             return None
-        healthy = [s for s in live if s.healthy] or live
-        return min(healthy, key=lambda s: s.in_flight)
+
+    async def _release(self, slot: _Slot) -> None:
+        async with self._room:
+            slot.in_flight -= 1
+            if slot.healthy:
+                self._room.notify()
+            else:  # it failed: the others may now be allowed onto the actors being recreated
+                self._room.notify_all()
+
+    async def _health_changed(self) -> None:
+        """Wake every waiting rollout: the set of actors they may use changed."""
+        async with self._room:
+            self._room.notify_all()
 
     async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
         """Run one rollout on an actor; never raises for agent, actor or node faults."""
@@ -372,8 +395,7 @@ class RayRuntime:
         self._tasks[rid] = task
         t0 = time.monotonic()
         try:
-            async with self._sem:
-                return await self._run(request)
+            return await self._run(request)
         except asyncio.CancelledError:
             if rid not in self._cancelled:
                 raise
@@ -384,8 +406,8 @@ class RayRuntime:
 
     async def _run(self, request: RolloutRequest) -> RolloutResult:
         rid = request.rollout_id
+        slot = await self._acquire()
         t0 = time.monotonic()  # queueing for a slot is not the rollout's time
-        slot = self._pick()
         if slot is None:
             return failed(
                 rid,
@@ -394,9 +416,8 @@ class RayRuntime:
                 f"{self.config.max_actor_restarts} times; see the Ray logs on the nodes",
                 0.0,
             )
-        slot.in_flight += 1
-        ref = slot.handle.run.remote(request)
         try:
+            ref = slot.handle.run.remote(request)
             try:
                 async with asyncio.timeout(request.timeout_s + self.config.call_grace_s):
                     result, node_id = await _awaitable(ref)
@@ -434,7 +455,7 @@ class RayRuntime:
             self.rollouts_per_node[str(node_id)] += 1
             return dataclasses.replace(result, elapsed_s=time.monotonic() - t0)
         finally:
-            slot.in_flight -= 1
+            await self._release(slot)
 
     def _forward_cancel(self, slot: _Slot, rollout_id: str) -> None:
         try:
@@ -474,28 +495,32 @@ class RayRuntime:
         task.add_done_callback(self._background.discard)
 
     async def _probe(self, slot: _Slot) -> None:
+        """Ask ``slot`` for ``ready`` until it answers (healthy again), Ray drops it (dead) or
+        the runtime closes; pauses grow from ``PROBE_FIRST_S`` to ``PROBE_MAX_S``, so an actor
+        that comes back late (a node that took long to join) is used again."""
         errors = self._ray.exceptions
-        deadline = time.monotonic() + self.config.startup_timeout_s * 3
-        while not self._closed and time.monotonic() < deadline:
+        pause = PROBE_FIRST_S
+        while not self._closed:
             try:
                 async with asyncio.timeout(self.config.startup_timeout_s):
                     info = await _awaitable(slot.handle.ready.remote())
             except errors.ActorDiedError as exc:
-                if self._still_registered(slot):  # died again, Ray recreates it once more
-                    await asyncio.sleep(0.5)
-                    continue
-                slot.dead = True
-                logger.warning("%s is dead and will not be recreated: %s", slot.name, _cause(exc))
-                return
+                if not self._still_registered(slot):
+                    slot.dead = True
+                    logger.warning("%s is dead and will not be recreated: %s", slot.name, _cause(exc))
+                    await self._health_changed()
+                    return
+                logger.info("%s died again; Ray recreates it once more", slot.name)
             except (TimeoutError, errors.RayError) as exc:
                 logger.info("%s not ready yet: %s", slot.name, _cause(exc))
-                await asyncio.sleep(0.5)
-                continue
-            slot.node_id = str(info.get("node_id", ""))
-            slot.healthy = True
-            logger.warning("%s is back on node %s", slot.name, slot.node_id[:12])
-            return
-
+            else:
+                slot.node_id = str(info.get("node_id", ""))
+                slot.healthy = True
+                logger.warning("%s is back on node %s", slot.name, slot.node_id[:12])
+                await self._health_changed()
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, PROBE_MAX_S)
 
     def _still_registered(self, slot: _Slot) -> bool:
         """True while Ray still knows the named actor (a permanently dead one is dropped)."""
