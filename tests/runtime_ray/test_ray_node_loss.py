@@ -45,6 +45,15 @@ def three_nodes() -> Iterator[Cluster]:
         stop_cluster(cluster)
 
 
+def _top_up(cluster: Cluster, workers: int) -> None:
+    """Add worker nodes until ``workers`` are alive, whichever tests ran before."""
+    while len(cluster.worker_nodes) < workers:
+        cluster.add_node(**NODE_ARGS)
+    cluster.wait_for_nodes()
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    assert len(alive) == workers + 1, f"expected the head and {workers} workers, got {len(alive)} nodes"
+
+
 def test_killing_a_node_mid_step_fails_its_rollouts_and_the_run_continues(
     three_nodes: Cluster,
 ) -> None:
@@ -60,6 +69,7 @@ def test_killing_a_node_mid_step_fails_its_rollouts_and_the_run_continues(
         num_cpus_per_agent=0.1,
         gateway_host="127.0.0.1",
     )
+    _top_up(three_nodes, workers=2)
     worker_ids = {n.node_id: n for n in three_nodes.worker_nodes}
 
     async def main() -> None:
@@ -113,8 +123,7 @@ def test_a_training_run_goes_on_when_a_node_dies_mid_step(
     from core.plugins import load_plugins
     from core.testing.fakes import compose, fake_backend_plugin
 
-    three_nodes.add_node(**NODE_ARGS)  # the previous test removed one worker
-    three_nodes.wait_for_nodes()
+    _top_up(three_nodes, workers=2)  # the previous test (if it ran) removed one worker
     spy = LoopSpy().install(monkeypatch)
     killed = asyncio.Event()
     victim: dict[str, object] = {}

@@ -1,0 +1,40 @@
+"""``python -m pytest`` (the main suite) does not import ray, though ``tests/runtime_ray`` is
+among its test paths (marker ``ray``: this check costs a pytest collection, ~3 s of CPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+COLLECT = (
+    "import sys, pytest\n"
+    "code = pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', *sys.argv[1:]])\n"
+    "print('ray imported:', 'ray' in sys.modules, 'exit:', int(code))\n"
+)
+
+
+def _collect(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", COLLECT, *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    return proc.stdout + proc.stderr
+
+
+def test_the_main_suite_collects_the_ray_folder_without_importing_ray() -> None:
+    out = _collect("tests/runtime_ray", "tests/runtime/test_ray_preflight.py", "tests/runtime/test_ray_dispatch.py")
+    assert "ray imported: False exit: 0" in out, out
+    assert "test_ray_dispatch.py::" in out and "tests/runtime_ray/" not in out, out
+
+
+def test_marker_ray_collects_the_cluster_tests() -> None:
+    out = _collect("-m", "ray", "tests/runtime_ray")
+    assert "ray imported: True exit: 0" in out, out
+    for module in ("test_ray_runtime.py", "test_ray_node_loss.py", "test_ray_private.py", "test_ray_collection.py"):
+        assert f"tests/runtime_ray/{module}::" in out, (module, out)
