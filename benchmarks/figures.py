@@ -236,6 +236,12 @@ def local_runtime(out: Path) -> dict[str, Any]:
     return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
 
 
+def ray_runtime(out: Path) -> dict[str, Any]:
+    """benchmarks/ray_runtime.py --rounds 6: runtime=ray against runtime=local (needs the ray extra)."""
+    code, wall, rows = _benchmark_json(["benchmarks/ray_runtime.py", "--rounds", "6"], out, "ray_runtime")
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
 def gateway_append(out: Path) -> dict[str, Any]:
     """benchmarks/gateway.py's append workload (the 1k x 256-session row is the quoted one)."""
     code, wall, rows = _benchmark_json(
@@ -324,6 +330,9 @@ FIGURES = [
         ["docs/agentcore.md"], "40 s", standin_step,
     ),
     Figure("local_runtime", "python benchmarks/local_runtime.py", ["docs/runtime.md"], "1 min", local_runtime),
+    Figure(
+        "ray_runtime", "python benchmarks/ray_runtime.py --rounds 6", ["docs/runtime.md"], "2-3 min", ray_runtime,
+    ),
     Figure(
         "gateway_append", "python benchmarks/gateway.py --workload append", ["docs/gateway.md"], "1-2 min",
         gateway_append,

@@ -59,70 +59,91 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-async def _bench(concurrency: int, processes: int, rounds: int, hold_s: float) -> dict[str, Any]:
-    import asyncio
-    import time
-    import uuid
+class Workload:
+    """The benchmarks' workload (shared with ``benchmarks/ray_runtime.py``): the real gateway
+    with the scripted sampler on loopback, and rollouts of this module's agent through a runtime.
 
-    from core.gateway import Gateway, GatewayConfig, GatewayServer
-    from core.runtime.local import LocalRuntime
-    from core.samplers import ScriptedSampler, encode_reply
-    from core.tokenizer import build_tiny_tokenizer
-    from core.types import RolloutRequest, RolloutStatus, SamplingParams
+    Use ``async with Workload() as w``; ``w.one(runtime)`` runs one rollout in a fresh session.
+    """
 
-    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
-    sampler = ScriptedSampler(default=encode_reply(tok, "42"), tokenizer=tok, record_calls=False)
-    gw = Gateway(tokenizer=tok, sampler=sampler, config=GatewayConfig(), model_id="tiny")
-    server = GatewayServer(gw, host="127.0.0.1", port=0)
-    await server.start()
-    here = os.path.dirname(os.path.abspath(__file__))
-    rt = LocalRuntime(
-        "local_runtime:app",
-        env={"PYTHONPATH": os.pathsep.join([here, os.getcwd()])},
-        num_processes=processes,
-        max_concurrency=concurrency,
-    )
-    await rt.start()
+    AGENT = "local_runtime:app"
+    """The agent app, importable by agent processes given ``env``."""
 
-    async def one() -> Any:
+    def __init__(self) -> None:
+        from core.gateway import Gateway, GatewayConfig, GatewayServer
+        from core.samplers import ScriptedSampler, encode_reply
+        from core.tokenizer import build_tiny_tokenizer
+
+        tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
+        self.sampler = ScriptedSampler(default=encode_reply(tok, "42"), tokenizer=tok, record_calls=False)
+        self.gateway = Gateway(tokenizer=tok, sampler=self.sampler, config=GatewayConfig(), model_id="tiny")
+        self.server = GatewayServer(self.gateway, host="127.0.0.1", port=0)
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.env = {"PYTHONPATH": os.pathsep.join([here, os.getcwd()])}
+        """Environment for the agent processes (this folder and the checkout on the path)."""
+
+    async def __aenter__(self) -> Workload:
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop()
+
+    async def one(self, runtime: Any) -> Any:
+        """One rollout (a fresh gateway session, dropped after); returns the ``RolloutResult``."""
+        import uuid
+
+        from core.types import RolloutRequest, SamplingParams
+
+        gw = self.gateway
         sid = gw.create_session(sampling=SamplingParams(max_tokens=8))
         req = RolloutRequest(
             rollout_id=uuid.uuid4().hex,
             group_id="g",
             payload={"prompt": "What is 6 times 7?"},
-            base_url=server.base_url,
+            base_url=self.server.base_url,
             session_id=sid,
             model_id="tiny",
             timeout_s=300,
         )
-        res = await rt.run_rollout(req)
+        res = await runtime.run_rollout(req)
         gw.finish_session(sid)
         gw.drop_session(sid)
         return res
 
-    try:
-        await asyncio.gather(*(one() for _ in range(min(concurrency, 32))))  # warm up
-        total = rounds * concurrency
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(one() for _ in range(total)))
-        wall = time.perf_counter() - t0
-        ok = sum(r.status is RolloutStatus.OK for r in results)
 
-        await asyncio.sleep(0.5)
-        pids = [p.pid for p in rt.processes if p.pid]
-        idle_agents = sum(_rss_kib(p) for p in pids)
-        idle_self = _rss_kib(os.getpid())
-        sampler.delay_s = hold_s
-        held = [asyncio.create_task(one()) for _ in range(concurrency)]
-        await asyncio.sleep(hold_s * 0.6)
-        busy = sum(p.in_flight for p in rt.processes)
-        peak_agents = sum(_rss_kib(p) for p in pids)
-        peak_self = _rss_kib(os.getpid())
-        held_results = await asyncio.gather(*held)
-        sampler.delay_s = 0.0
-    finally:
-        await rt.aclose()
-        await server.stop()
+async def _bench(concurrency: int, processes: int, rounds: int, hold_s: float) -> dict[str, Any]:
+    import asyncio
+    import time
+
+    from core.runtime.local import LocalRuntime
+    from core.types import RolloutStatus
+
+    async with Workload() as w:
+        rt = LocalRuntime(w.AGENT, env=w.env, num_processes=processes, max_concurrency=concurrency)
+        await rt.start()
+        try:
+            await asyncio.gather(*(w.one(rt) for _ in range(min(concurrency, 32))))  # warm up
+            total = rounds * concurrency
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(w.one(rt) for _ in range(total)))
+            wall = time.perf_counter() - t0
+            ok = sum(r.status is RolloutStatus.OK for r in results)
+
+            await asyncio.sleep(0.5)
+            pids = [p.pid for p in rt.processes if p.pid]
+            idle_agents = sum(_rss_kib(p) for p in pids)
+            idle_self = _rss_kib(os.getpid())
+            w.sampler.delay_s = hold_s
+            held = [asyncio.create_task(w.one(rt)) for _ in range(concurrency)]
+            await asyncio.sleep(hold_s * 0.6)
+            busy = sum(p.in_flight for p in rt.processes)
+            peak_agents = sum(_rss_kib(p) for p in pids)
+            peak_self = _rss_kib(os.getpid())
+            held_results = await asyncio.gather(*held)
+            w.sampler.delay_s = 0.0
+        finally:
+            await rt.aclose()
     return {
         "concurrency": concurrency,
         "processes": processes,

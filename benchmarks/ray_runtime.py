@@ -5,7 +5,7 @@ Run from the repository root (needs the ``ray`` extra)::
     python benchmarks/ray_runtime.py                   # 64 and 256 concurrent sessions
     python benchmarks/ray_runtime.py --concurrency 64 --json out.json
 
-The workload is ``benchmarks/local_runtime.py``'s: a trivial agent doing one chat
+The workload is ``benchmarks/local_runtime.py``'s (its ``Workload``): a trivial agent doing one chat
 completion through the real gateway (scripted sampler, reward 1), so the figures
 measure runtime plumbing, not a model. Both runtimes get two agent server
 processes: ``runtime=local`` with ``num_processes=2``; ``runtime=ray`` with two
@@ -31,66 +31,41 @@ async def _bench(kind: str, concurrency: int, rounds: int, sequential: int) -> d
     import asyncio
     import statistics
     import time
-    import uuid
 
-    from core.gateway import Gateway, GatewayConfig, GatewayServer
-    from core.samplers import ScriptedSampler, encode_reply
-    from core.tokenizer import build_tiny_tokenizer
-    from core.types import RolloutRequest, RolloutStatus, SamplingParams
+    from local_runtime import Workload
 
-    tok = build_tiny_tokenizer(full_byte_alphabet=True, vocab_size=320)
-    sampler = ScriptedSampler(default=encode_reply(tok, "42"), tokenizer=tok, record_calls=False)
-    gw = Gateway(tokenizer=tok, sampler=sampler, config=GatewayConfig(), model_id="tiny")
-    server = GatewayServer(gw, host="127.0.0.1", port=0)
-    await server.start()
-    env = {"PYTHONPATH": os.pathsep.join([HERE, os.getcwd()])}
-    rt: Any
-    if kind == "local":
-        from core.runtime.local import LocalRuntime
+    from core.types import RolloutStatus
 
-        rt = LocalRuntime("local_runtime:app", env=env, num_processes=2, max_concurrency=concurrency)
-    else:
-        from core.runtime.ray import RayRuntime
+    async with Workload() as w:
+        rt: Any
+        if kind == "local":
+            from core.runtime.local import LocalRuntime
 
-        rt = RayRuntime(
-            "local_runtime:app",
-            env=env,
-            num_actors=2,
-            agents_per_actor=(concurrency + 1) // 2,
-            num_cpus_per_agent=0.001,
-            gateway_host="127.0.0.1",
-        )
-    await rt.start()
+            rt = LocalRuntime(w.AGENT, env=w.env, num_processes=2, max_concurrency=concurrency)
+        else:
+            from core.runtime.ray import RayRuntime
 
-    async def one() -> Any:
-        sid = gw.create_session(sampling=SamplingParams(max_tokens=8))
-        req = RolloutRequest(
-            rollout_id=uuid.uuid4().hex,
-            group_id="g",
-            payload={"prompt": "What is 6 times 7?"},
-            base_url=server.base_url,
-            session_id=sid,
-            model_id="tiny",
-            timeout_s=300,
-        )
-        res = await rt.run_rollout(req)
-        gw.finish_session(sid)
-        gw.drop_session(sid)
-        return res
-
-    try:
-        await asyncio.gather(*(one() for _ in range(min(concurrency, 32))))  # warm up
-        total = rounds * concurrency
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(one() for _ in range(total)))
-        wall = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0
-        ok = sum(r.status is RolloutStatus.OK for r in results)
-        singles = [await one() for _ in range(sequential)]
-    finally:
-        await rt.aclose()
-        await server.stop()
+            rt = RayRuntime(
+                w.AGENT,
+                env=w.env,
+                num_actors=2,
+                agents_per_actor=(concurrency + 1) // 2,
+                num_cpus_per_agent=0.001,
+                gateway_host="127.0.0.1",
+            )
+        await rt.start()
+        try:
+            await asyncio.gather(*(w.one(rt) for _ in range(min(concurrency, 32))))  # warm up
+            total = rounds * concurrency
+            cpu0 = time.process_time()
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(w.one(rt) for _ in range(total)))
+            wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            ok = sum(r.status is RolloutStatus.OK for r in results)
+            singles = [await w.one(rt) for _ in range(sequential)]
+        finally:
+            await rt.aclose()
     return {
         "runtime": kind,
         "concurrency": concurrency,

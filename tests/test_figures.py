@@ -25,8 +25,8 @@ def _module() -> ModuleType:
 
 def test_every_page_quoting_a_figure_names_the_script() -> None:
     figures = _module().FIGURES
-    assert {f.name for f in figures} >= {"default_run", "local_runtime", "gateway_append", "seeds", "traces",
-                                        "stored_response_memory", "frameworks_tests"}
+    assert {f.name for f in figures} >= {"default_run", "local_runtime", "ray_runtime", "gateway_append", "seeds",
+                                        "traces", "stored_response_memory", "frameworks_tests"}
     for figure in figures:
         for page in figure.quoted_in:
             text = (ROOT / page).read_text()
