@@ -67,3 +67,31 @@ def test_bad_settings_are_refused_by_name(setting: dict[str, object], message: s
     """Checked when the runtime is built (cheap: no Hydra composition, no ray)."""
     with pytest.raises(ConfigError, match=message):
         RayRuntime(CONFORMANCE_AGENT, **setting)
+
+
+def test_each_actor_pool_gets_the_agent_server_settings() -> None:
+    """``RayRuntimeConfig`` shares ``runtime=local``'s agent server settings by inheriting
+    ``AgentServerSettings`` (one definition, docs included), and every one of them, with the
+    actor's startup timeout and places, reaches the ``LocalRuntimeConfig`` each actor runs."""
+    import dataclasses
+
+    from core.runtime.config import AgentServerSettings, LocalRuntimeConfig
+    from core.runtime.ray import RayRuntimeConfig
+
+    shared = [f.name for f in dataclasses.fields(AgentServerSettings)]
+    assert {"python", "max_restarts", "result_channel", "s3_bucket"} <= set(shared)
+    assert issubclass(RayRuntimeConfig, AgentServerSettings) and issubclass(LocalRuntimeConfig, AgentServerSettings)
+    values = {
+        "python": "/opt/py/bin/python",
+        "max_restarts": 3,
+        "result_channel": "s3",
+        "poll_interval_s": 0.2,
+        "s3_bucket": "b",
+        "s3_endpoint_url": "http://s3.local",
+        "s3_exp_id": "exp",
+    }
+    assert set(values) == set(shared), "give the new shared setting a non-default value here"
+    rt = RayRuntime(CONFORMANCE_AGENT, agents_per_actor=5, processes_per_actor=3, startup_timeout_s=7.0, **values)
+    local = rt._local_config()
+    assert {k: getattr(local, k) for k in shared} == values
+    assert (local.num_processes, local.max_concurrency, local.startup_timeout_s) == (3, 5, 7.0)

@@ -372,8 +372,8 @@ class RayRuntime:
             return None
 
     async def _release(self, slot: _Slot) -> None:
+        slot.in_flight -= 1  # before any await: a second cancel cannot leak the place
         async with self._room:
-            slot.in_flight -= 1
             if slot.healthy:
                 self._room.notify()
             else:  # it failed: the others may now be allowed onto the actors being recreated
