@@ -663,8 +663,9 @@ class Gateway:
         s.counters["tool_choice_violations"] += reply.violated
         calls = [
             canonical_tool_call(ident or new_call_id(self.tool_parser_name), name, args)
-            for (name, args), ident in zip(reply.calls, kept_call_ids(parsed, reply.calls), strict=True)
+            for (name, args), ident in zip(reply.calls, kept_call_ids(parsed, reply.calls, s.call_ids), strict=True)
         ]
+        s.call_ids.update(call["id"] for call in calls)
         prompt.extend(ids)
         turn = Turn(
             buf=prompt,

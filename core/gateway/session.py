@@ -65,6 +65,9 @@ class Session:
     """The last recorded turn's messages and their nodes, valid while ``tree_version`` is its own."""
     turns: list[Turn] = field(default_factory=list)
     """Generated turns in creation order."""
+    call_ids: set[str] = field(default_factory=set)
+    """Tool-call ids returned so far: a model id already given is replaced by a fresh one
+    (clients match tool results to calls by id)."""
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     """Diagnostics, see ``COUNTERS``."""
     closed: bool = False

@@ -25,7 +25,7 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -387,15 +387,18 @@ def new_call_id(parser: str | None) -> str:
 _ID_ALPHABET = string.ascii_letters + string.digits
 
 
-def kept_call_ids(parsed: ParsedOutput, kept: list[tuple[str, Any]]) -> list[str | None]:
+def kept_call_ids(
+    parsed: ParsedOutput, kept: list[tuple[str, Any]], taken: Collection[str] = ()
+) -> list[str | None]:
     """The model's ids of ``kept``, calls of ``parsed`` that survived ``tool_choice`` (an ordered
     subsequence of ``parsed.tool_calls``: each is matched to the next equal call); None where
-    the model wrote none, or wrote one already given to an earlier call of ``kept`` (clients
-    match tool results to calls by id, so a turn never returns one id twice)."""
+    the model wrote none, or wrote one in ``taken`` (returned earlier in the session) or given
+    to an earlier call of ``kept``: clients match tool results to calls by id, so an id is
+    returned once."""
     if not parsed.call_ids:
         return [None] * len(kept)
     out: list[str | None] = []
-    given: set[str] = set()
+    given: set[str] = set(taken)
     at = 0
     for call in kept:
         while at < len(parsed.tool_calls) and parsed.tool_calls[at] != call:

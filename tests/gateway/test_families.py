@@ -561,6 +561,23 @@ def test_mistral_tool_loop_is_mistral_commons_encoding_and_a_new_question_forks(
 
 
 @pytest.mark.parametrize("family", [("mistral-nemo", {})], indirect=True)
+def test_a_mistral_call_id_is_returned_once_per_session(family: tuple[Harness, Any]) -> None:
+    """Clients match tool results to calls by id: an id the model writes again in a later turn is
+    returned the first time only, the later call gets a fresh id of the format (twice in one
+    turn: tests/gateway/test_toolparse.py)."""
+    import re
+
+    h, tok = family
+    agent = Agent(h, tok, tok.convert_tokens_to_ids("</s>"))
+    first = agent.turn(mistral_call("12*7", "aB3dE6gH9"))
+    agent.tool("84")
+    again = agent.turn(mistral_call("84+5", "aB3dE6gH9"))
+    assert first.tool_calls[0].id == "aB3dE6gH9"
+    assert again.tool_calls[0].id != "aB3dE6gH9" and re.fullmatch(r"[a-zA-Z0-9]{9}", again.tool_calls[0].id)
+    assert h.call(h.gw.finish_session, agent.sid)  # the rows are still recorded
+
+
+@pytest.mark.parametrize("family", [("mistral-nemo", {})], indirect=True)
 def test_mistral_tool_loop_on_responses_and_anthropic_messages_keeps_the_models_call_ids(
     family: tuple[Harness, Any],
 ) -> None:
