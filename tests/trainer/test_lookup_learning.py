@@ -23,8 +23,8 @@ digits, and runs to ``STEPS``):
   template around it) loss weight 1, as a gateway that recorded them as generated
   would (with the 0.0 sampler logprob the row holds there). It is not fatal here: the
   repeated value in the tool result is itself a copy to learn, so the answers still
-  learn to read it, more slowly (measured: 0.44 right at step 150 against the healthy
-  run's 0.72). What the test asserts is that slowdown and that the run's own
+  learn to read it, more slowly (measured right at step 150: seed 0 0.44 and 0.17 in two
+  runs against the healthy 0.72; seed 1 0.46 against 0.99). What the test asserts is that slowdown and that the run's own
   ``train/logprob_diff_max`` flags it (about 7 nats against the healthy run's < 1e-3).
 """
 
@@ -48,7 +48,7 @@ from core.trainer.traces import read_traces, trace_path
 pytestmark = [pytest.mark.long, pytest.mark.timeout(1800)]
 """Minutes of training: outside README's ``python -m pytest``; ``python -m pytest -m long`` runs it
 (CI does). Three runs at once (about 6 minutes of CPU): on a 2-core machine shared with other
-work they took 13 minutes, past the suite's 600 s per test."""
+work they took 9.5 and 13 minutes, past the suite's 600 s per test."""
 
 RUNNER = Path(__file__).with_name("learning_run.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,13 +179,14 @@ def test_sabotaged_run_does_not_learn_the_copy_as_the_healthy_run_does(
     # From the same checkpoint the healthy run learned to read the result.
     assert start_right < 0.15 and healthy_right >= MIN_RIGHT
     if sabotage == "second-turn-untrained":
-        # The answer is never trained: no better than chance, far below the healthy run.
+        # The answer is never trained: no better than chance, far below the healthy run
+        # (measured 0.09-0.12 right, reward 0.28-0.29).
         assert right < CHANCE + 0.05 and right < healthy_right - 0.3
         assert final < healthy - 0.3
     else:
-        # Trained on tokens it never sampled: it learns the copy more slowly (measured 0.44
-        # against 0.72 at step 150), and the run's own metric flags it: the tool result has
-        # no sampler logprob, so trainer and sampler disagree there by nats.
+        # Trained on tokens it never sampled: it learns the copy more slowly (measured 0.17-0.46
+        # against the healthy 0.72-0.99 at step 150), and the run's own metric flags it: the
+        # tool result has no sampler logprob, so trainer and sampler disagree there by nats.
         assert right < healthy_right - 0.12
         assert final < healthy - 0.1
         assert gap > 1.0
