@@ -54,7 +54,8 @@ class SamplerConfig(HttpSamplerConfig):
     """Where each step's weights are written for the servers to load (a path every server
     can read: the same machine or a shared filesystem); empty means ``<run_dir>/sampler_weights``."""
     update_timeout_s: float = 600.0
-    """Limit for one server's weight update (load from disk and version check)."""
+    """Limit for one server's whole weight update: all its calls together (vLLM makes three),
+    load from disk and version check."""
     keep_weights: int = 1
     """Pushed weight directories kept on disk (the newest); older ones are deleted."""
 
