@@ -23,9 +23,10 @@ digits, and runs to ``STEPS``):
   template around it) loss weight 1, as a gateway that recorded them as generated
   would (with the 0.0 sampler logprob the row holds there). It is not fatal here: the
   repeated value in the tool result is itself a copy to learn, so the answers still
-  learn to read it, more slowly (measured right at step 150: seed 0 0.44 and 0.17 in two
-  runs against the healthy 0.72; seed 1 0.46 against 0.99). What the test asserts is that slowdown and that the run's own
-  ``train/logprob_diff_max`` flags it (about 7 nats against the healthy run's < 1e-3).
+  learn to read it, mostly more slowly but not reliably so (measured right at step 150:
+  seed 0 0.44, 0.17 and 0.66 in three runs against the healthy 0.72; seed 1 0.46 against
+  0.99). So the test asserts what does hold: the run's own ``train/logprob_diff_max`` flags
+  it (about 7 nats against the healthy run's < 1e-3).
 """
 
 from __future__ import annotations
@@ -184,11 +185,10 @@ def test_sabotaged_run_does_not_learn_the_copy_as_the_healthy_run_does(
         assert right < CHANCE + 0.05 and right < healthy_right - 0.3
         assert final < healthy - 0.3
     else:
-        # Trained on tokens it never sampled: it learns the copy more slowly (measured 0.17-0.46
-        # against the healthy 0.72-0.99 at step 150), and the run's own metric flags it: the
-        # tool result has no sampler logprob, so trainer and sampler disagree there by nats.
-        assert right < healthy_right - 0.12
-        assert final < healthy - 0.1
+        # Trained on tokens it never sampled. Its copy is mostly slower (measured 0.17-0.66
+        # against the healthy 0.72-0.99 at step 150) but not by a margin that holds from run
+        # to run (seeded runs repeat closely, not bit for bit), so only the flag is asserted:
+        # the tool result has no sampler logprob, so trainer and sampler disagree there by nats.
         assert gap > 1.0
     assert max(r["train/logprob_diff_max"] for r in runs["none"]) < 1e-3
 
