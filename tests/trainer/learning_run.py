@@ -15,7 +15,10 @@ Metrics go to ``RUN_DIR/metrics.jsonl``.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -130,11 +133,33 @@ SABOTAGES: dict[str, Callable[[], list[str]]] = {
 }
 
 
+PARENT_ENV = "TRACERL_LEARNING_RUN_PARENT"
+
+
+def _exit_with_parent() -> None:
+    """Exit once the test session that started this run is gone.
+
+    test_learning's runs overlap the whole session; a session killed without its cleanup
+    (SIGKILL, a CI timeout) would otherwise leave them training for minutes.
+    """
+    pid = int(os.environ.get(PARENT_ENV) or 0)
+    if not pid:
+        return
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(2.0)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     sabotage, run_dir, *overrides = argv
+    _exit_with_parent()
     if sabotage != "none" and sabotage not in SABOTAGES:
         print(f"unknown sabotage {sabotage!r}; use none or one of {sorted(SABOTAGES)}", file=sys.stderr)
         return 2

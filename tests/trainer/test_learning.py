@@ -50,6 +50,7 @@ from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
 from core.trainer.metrics import read_metrics
 
 RUNNER = Path(__file__).with_name("learning_run.py")
+PARENT_ENV = "TRACERL_LEARNING_RUN_PARENT"  # learning_run.py exits when this pid is gone
 SEED = 0
 STEPS = 250
 """Seed 0 of the default recipe passes 0.8 (mean of 5 steps) near step 230
@@ -104,6 +105,10 @@ class LearningRuns:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=LEARNING_JOBS, thread_name_prefix="learning")
+        # Runs start later from pool threads while other tests change os.environ and the
+        # working directory (e.g. TRACERL_DISABLE_PLUGINS): every run gets today's copy.
+        self._env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        self._cwd = os.getcwd()
         healthy = self._pool.submit(
             self._run, "none", root / "none", root / "none.log",
             f"trainer.max_steps={STEPS}", f"trainer.save_every={RESUME_AT}",
@@ -143,6 +148,8 @@ class LearningRuns:
                 [sys.executable, str(RUNNER), variant, str(run_dir), f"seed={SEED}", *RUN_OVERRIDES, *overrides],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=self._env,
+                cwd=self._cwd,
             )
             self._procs.append(proc)
         try:

@@ -161,7 +161,7 @@ def test_lookup_learns_to_answer_the_looked_up_value(runs: dict[str, Records], r
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sabotage", SABOTAGES)
-def test_sabotaged_run_does_not_learn_the_copy_as_the_healthy_run_does(
+def test_each_sabotage_is_caught(
     sabotage: str, runs: dict[str, Records], root: Path
 ) -> None:
     records = runs[sabotage]
@@ -186,8 +186,9 @@ def test_sabotaged_run_does_not_learn_the_copy_as_the_healthy_run_does(
         assert final < healthy - 0.3
     else:
         # Trained on tokens it never sampled. Its copy is mostly slower (measured 0.17-0.66
-        # against the healthy 0.72-0.99 at step 150) but not by a margin that holds from run
-        # to run (seeded runs repeat closely, not bit for bit), so only the flag is asserted:
+        # against the healthy runs of seeds 0 and 1, 0.72 and 0.99, at step 150) but not by
+        # a margin that holds from run to run (seeded runs repeat closely, not bit for bit),
+        # so only the flag is asserted:
         # the tool result has no sampler logprob, so trainer and sampler disagree there by nats.
         assert gap > 1.0
     assert max(r["train/logprob_diff_max"] for r in runs["none"]) < 1e-3

@@ -374,10 +374,10 @@ class RayRuntime:
     async def _release(self, slot: _Slot) -> None:
         slot.in_flight -= 1  # before any await: a second cancel cannot leak the place
         async with self._room:
-            if slot.healthy:
-                self._room.notify()
-            else:  # it failed: the others may now be allowed onto the actors being recreated
-                self._room.notify_all()
+            # notify_all, not notify: a single woken waiter that is cancelled at that moment
+            # would take the wake-up with it, and another waiting rollout would sit until the
+            # next release (forever, if this was the last one in flight).
+            self._room.notify_all()
 
     async def _health_changed(self) -> None:
         """Wake every waiting rollout: the set of actors they may use changed."""
