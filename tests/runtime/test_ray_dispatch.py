@@ -25,11 +25,11 @@ from core.types import RolloutResult, RolloutStatus
 
 
 class _RayError(Exception):
-    pass
+    """Stands in for ``ray.exceptions.RayError`` (this test imports no ray)."""
 
 
 class _ActorDiedError(_RayError):
-    pass
+    """Stands in for ``ray.exceptions.ActorDiedError``."""
 
 
 FAKE_RAY = SimpleNamespace(
