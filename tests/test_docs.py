@@ -59,3 +59,22 @@ def test_ci_runs_in_a_fresh_virtual_environment() -> None:
 
 def test_readme_main_command() -> None:
     assert "bash scripts/setup.sh && python -m core.train" in (ROOT / "README.md").read_text()
+
+
+def test_readme_names_every_test_command_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [ln for ln in ci if ln.startswith(("python -m pytest", "bash plugins/"))]
+    assert {"python -m pytest -m long", "python -m pytest -m ray", "python -m pytest -m frameworks"} <= set(commands)
+    for command in commands:
+        assert command in readme, command
+
+
+def test_readme_is_a_newcomers_page() -> None:
+    """What it is, a picture, the two commands, choosing things, layout, what runs where, links:
+    figures live in docs/performance.md."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 100
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
+        assert (ROOT / image).is_file() and (ROOT / image).stat().st_size < 300_000, image
+    assert "docs/performance.md" in readme

@@ -1,10 +1,11 @@
-"""benchmarks/figures.py: every quoted figure has a command, and the pages say where it comes from."""
+"""Figures live in docs/performance.md, generated from benchmarks/results/, each with its command."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "benchmarks" / "figures.py"
+PAGE = ROOT / "docs" / "performance.md"
 
 
 def _module() -> ModuleType:
@@ -23,14 +25,27 @@ def _module() -> ModuleType:
     return module
 
 
-def test_every_page_quoting_a_figure_names_the_script() -> None:
+def test_the_performance_page_is_what_the_kept_results_generate() -> None:
+    """Edit benchmarks/results/ and run `python benchmarks/figures.py --write-page`, not the page."""
+    module = _module()
+    text = PAGE.read_text()
+    start, end = text.index(module.BEGIN), text.index(module.END) + len(module.END) + 1
+    assert text[start:end] == module.performance_page_part(), "run: python benchmarks/figures.py --write-page"
+    for name in (p.stem for p in (ROOT / "benchmarks" / "results").glob("*.json")):
+        assert f"`{name}`" in text, name
+
+
+def test_every_figure_has_an_entry_and_its_pages_link_to_the_performance_page() -> None:
     figures = _module().FIGURES
     assert {f.name for f in figures} >= {"default_run", "local_runtime", "ray_runtime", "gateway_append", "seeds",
                                         "traces", "stored_response_memory", "frameworks_tests"}
+    text = PAGE.read_text()
     for figure in figures:
+        assert re.search(rf"^### {figure.name}$", text, re.MULTILINE), figure.name
+        assert f"python benchmarks/figures.py --only {figure.name}" in text, figure.name
         for page in figure.quoted_in:
-            text = (ROOT / page).read_text()
-            assert "benchmarks/figures.py" in text, (figure.name, page)
+            linked = (ROOT / page).read_text()
+            assert "performance.md" in linked or "benchmarks/figures.py" in linked, (figure.name, page)
 
 
 def test_list_and_a_cheap_figure_with_the_machine(tmp_path: Path) -> None:
@@ -56,3 +71,14 @@ def test_list_and_a_cheap_figure_with_the_machine(tmp_path: Path) -> None:
         [sys.executable, str(SCRIPT), "--only", "nosuch"], capture_output=True, text=True, env=env, check=False
     )
     assert bad.returncode == 2 and "unknown figure" in bad.stderr
+
+
+def test_write_page_rewrites_only_the_generated_part(tmp_path: Path) -> None:
+    module = _module()
+    page = tmp_path / "performance.md"
+    page.write_text(f"# hand-written head\n\n{module.BEGIN}\nstale\n{module.END}\n\n## hand-written tail\n")
+    assert module.write_page(page) is True
+    text = page.read_text()
+    assert text.startswith("# hand-written head\n") and text.endswith("\n## hand-written tail\n")
+    assert "stale" not in text and "### default_run" in text
+    assert module.write_page(page) is False
