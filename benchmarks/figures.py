@@ -196,20 +196,20 @@ def standin_step(out: Path) -> dict[str, Any]:
     """docs/agentcore.md's stand-in recipe: stand-in + the printed training command, 3 steps."""
     import socket
 
-    from core.runtime.acr_standin.__main__ import STANDIN_BATCH
+    from core.testing.agentcore_standin.__main__ import STANDIN_BATCH
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     standin = subprocess.Popen(
-        [sys.executable, "-m", "core.runtime.acr_standin", "core.tasks.succ_digit:app", "--port", str(port)],
+        [sys.executable, "-m", "core.testing.agentcore_standin", "core.tasks.succ_digit:app", "--port", str(port)],
         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=(out / "standin.log").open("w"),
     )
     try:
         time.sleep(3.0)
-        from core.runtime.acr_standin import EXAMPLE_ARN
-        from core.runtime.acr_standin.__main__ import STANDIN_CREDENTIALS
+        from core.testing.agentcore_standin import EXAMPLE_ARN
+        from core.testing.agentcore_standin.__main__ import STANDIN_CREDENTIALS
 
         credentials = dict(pair.split("=", 1) for pair in STANDIN_CREDENTIALS.split())
 
@@ -331,7 +331,7 @@ FIGURES = [
         ["examples/README.md"], "40 s", examples,
     ),
     Figure(
-        "standin_step", "python -m core.runtime.acr_standin core.tasks.succ_digit:app + the printed command",
+        "standin_step", "python -m core.testing.agentcore_standin core.tasks.succ_digit:app + the printed command",
         ["docs/agentcore.md"], "40 s", standin_step,
     ),
     Figure("local_runtime", "python benchmarks/local_runtime.py", ["docs/runtime.md"], "1 min", local_runtime),

@@ -1,7 +1,7 @@
 """Helpers for the agentcore runtime tests (a plain module, imported by name).
 
 AWS itself is a network edge CI cannot reach: the data plane is tracerl's
-stand-in (``core.runtime.acr_standin``) and S3 is moto's server mode, both on
+stand-in (``core.testing.agentcore_standin``) and S3 is moto's server mode, both on
 127.0.0.1; boto3 is the real client, pointed at them with ``endpoint_url``.
 """
 
@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from core.runtime.acr_standin import EXAMPLE_ARN
 from core.runtime.agentcore import AgentCoreRuntime, AgentCoreRuntimeConfig
+from core.testing.agentcore_standin import EXAMPLE_ARN
 from core.types import RolloutRequest
 
 AGENTS_DIR = Path(__file__).parent / "agents"

@@ -1,7 +1,7 @@
 """The AgentCore runtime passes the runtime conformance suite (``core.testing.RuntimeConformance``).
 
 AWS cannot be reached from CI: the data plane is tracerl's stand-in
-(``core.runtime.acr_standin``) running one real agent process per session, so
+(``core.testing.agentcore_standin``) running one real agent process per session, so
 ``die`` kills a session's process as it would kill a microVM's agent; boto3 is
 the real client, pointed at the stand-in.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from acr_helpers import agent_env, make_runtime
 
-from core.runtime.acr_standin import AcrStandIn, StandInServer
 from core.testing import CONFORMANCE_AGENT, RuntimeConformance
+from core.testing.agentcore_standin import AcrStandIn, StandInServer
 
 
 @pytest.mark.integration

@@ -15,7 +15,6 @@ from acr_helpers import make_request
 from omegaconf import OmegaConf
 
 from core.errors import ConfigError
-from core.runtime.acr_standin import EXAMPLE_ARN
 from core.runtime.agentcore import (
     AgentCoreRuntime,
     AgentCoreRuntimeConfig,
@@ -25,6 +24,7 @@ from core.runtime.agentcore import (
     runtime_session_id,
 )
 from core.runtime.agentcore._preflight import public_base_url, runtime_is_remote
+from core.testing.agentcore_standin import EXAMPLE_ARN
 from core.types import RolloutStatus
 
 
@@ -168,7 +168,7 @@ def test_limiter_spacing_and_backoff() -> None:
 
 def test_importing_the_runtime_and_stand_in_loads_no_boto3() -> None:
     code = (
-        "import sys, core.runtime.agentcore, core.runtime.acr_standin, core.runtime.plugin;"
+        "import sys, core.runtime.agentcore, core.testing.agentcore_standin, core.runtime.plugin;"
         "print([m for m in ('boto3', 'botocore', 'torch', 'transformers') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,6 +1,6 @@
 """End to end through real boto3: agents behind the AgentCore stand-in, one process per session.
 
-The data plane is ``core.runtime.acr_standin`` and S3 is moto's server, both on
+The data plane is ``core.testing.agentcore_standin`` and S3 is moto's server, both on
 127.0.0.1 (AWS is a network edge CI cannot reach); everything else is real:
 boto3's ``bedrock-agentcore`` and ``s3`` clients, agent processes, the agents'
 own S3 writes, and agents written for agentcore-rl-toolkit 0.2.0.
@@ -16,7 +16,7 @@ import boto3
 import pytest
 from acr_helpers import BUCKET, agent_env, make_request, make_runtime
 
-from core.runtime.acr_standin import AcrStandIn, StandInServer
+from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -18,8 +18,8 @@ import pytest
 from acr_helpers import agent_env, make_request, make_runtime
 
 from core.agent import AgentApp, ModelConfig
-from core.runtime.acr_standin import AcrStandIn, StandInServer
 from core.runtime.agentcore import AgentCoreRuntime
+from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
 pytestmark = pytest.mark.integration

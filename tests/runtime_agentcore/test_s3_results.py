@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from core.agent import AgentApp, ModelConfig
-from core.runtime.acr_standin import AcrStandIn, StandInServer
+from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from core.agent._protocol import ENVELOPE_KEY, PROTOCOL_VERSION
-from core.runtime.acr_standin import EXAMPLE_ARN, AcrStandIn, StandInServer
-from core.runtime.acr_standin.__main__ import train_command
+from core.testing.agentcore_standin import EXAMPLE_ARN, AcrStandIn, StandInServer
+from core.testing.agentcore_standin.__main__ import train_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -126,7 +126,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def test_the_printed_train_command_carries_dummy_credentials_and_a_small_batch() -> None:
-    """What `python -m core.runtime.acr_standin` prints (and docs/agentcore.md quotes) runs
+    """What `python -m core.testing.agentcore_standin` prints (and docs/agentcore.md quotes) runs
     without AWS credentials and with a batch the stand-in serves."""
     command = train_command("http://127.0.0.1:9000")
     assert command.startswith("AWS_ACCESS_KEY_ID=standin AWS_SECRET_ACCESS_KEY=standin python -m core.train")

@@ -35,7 +35,7 @@ _OLD_BOTO3 = (
 _NO_CREDENTIALS = (
     "boto3 found no AWS credentials for the AgentCore data plane ({endpoint}). Against AWS, "
     "configure them as for the aws CLI (AWS_PROFILE, `aws configure`, an instance role). "
-    "Against the local stand-in (python -m core.runtime.acr_standin) any will do, since it "
+    "Against the local stand-in (python -m core.testing.agentcore_standin) any will do, since it "
     "checks no signature: AWS_ACCESS_KEY_ID=standin AWS_SECRET_ACCESS_KEY=standin "
     "python -m core.train ... (docs/agentcore.md)"
 )

@@ -63,7 +63,7 @@ class AgentCoreRuntimeConfig:
     qualifier: str = ""
     """Endpoint name of the runtime (``DEFAULT`` when empty)."""
     endpoint_url: str = ""
-    """Data plane endpoint override; empty is AWS. Point it at ``python -m core.runtime.acr_standin``
+    """Data plane endpoint override; empty is AWS. Point it at ``python -m core.testing.agentcore_standin``
     to try an agent locally (a loopback endpoint also allows a loopback gateway)."""
     result_channel: str = "s3"
     """``s3`` (``AgentCoreRLApp``: the agent saves its result, we HEAD/GET-poll the object) or

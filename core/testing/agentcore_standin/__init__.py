@@ -9,12 +9,12 @@ to run an agent's RL wiring end to end before deploying it. Defines
 - ``CallRecord``: one recorded call.
 - ``EXAMPLE_ARN``: an ARN of the right shape for local runs.
 
-Command line: ``python -m core.runtime.acr_standin my_agent:app --port 9000``.
+Command line: ``python -m core.testing.agentcore_standin my_agent:app --port 9000``.
 """
 
 from __future__ import annotations
 
-from core.runtime.acr_standin._app import AcrStandIn, CallRecord
-from core.runtime.acr_standin._server import EXAMPLE_ARN, StandInServer
+from core.testing.agentcore_standin._app import AcrStandIn, CallRecord
+from core.testing.agentcore_standin._server import EXAMPLE_ARN, StandInServer
 
 __all__ = ["EXAMPLE_ARN", "AcrStandIn", "CallRecord", "StandInServer"]

@@ -1,4 +1,4 @@
-"""``python -m core.runtime.acr_standin module:attr | --agent-url URL [--port N]``.
+"""``python -m core.testing.agentcore_standin module:attr | --agent-url URL [--port N]``.
 
 Serves the AgentCore Runtime data plane locally; then train against it with
 ``runtime=agentcore runtime.endpoint_url=http://127.0.0.1:N
@@ -12,8 +12,8 @@ import os
 import sys
 
 from core.agent._auth import TOKEN_ENV
-from core.runtime.acr_standin._app import AcrStandIn
-from core.runtime.acr_standin._server import EXAMPLE_ARN
+from core.testing.agentcore_standin._app import AcrStandIn
+from core.testing.agentcore_standin._server import EXAMPLE_ARN
 
 STANDIN_CREDENTIALS = "AWS_ACCESS_KEY_ID=standin AWS_SECRET_ACCESS_KEY=standin"
 """Dummy credentials: boto3 signs every call, the stand-in checks no signature."""
@@ -36,7 +36,7 @@ def train_command(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.runtime.acr_standin", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m core.testing.agentcore_standin", description=__doc__)
     parser.add_argument("agent", nargs="?", default="", help="agent app as module:attr (one process per session)")
     parser.add_argument("--agent-url", default="", help="forward to an agent already listening (e.g. a container)")
     parser.add_argument(

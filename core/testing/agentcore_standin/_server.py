@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Any
 
-from core.runtime.acr_standin._app import AcrStandIn
+from core.testing.agentcore_standin._app import AcrStandIn
 
 EXAMPLE_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/standin_agent-AbCdEf1234"
 """An ARN of the right shape for trying the stand-in (any ARN is served unless ``arn`` is set)."""
