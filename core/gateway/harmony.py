@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from core.gateway import safejson
-from core.gateway.toolparse import ParsedOutput
+from core.gateway.parsed_output import ParsedOutput
 
 __all__ = ["HarmonyMessage", "parse_harmony", "read_messages", "split_harmony"]
 

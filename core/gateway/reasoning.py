@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.gateway.harmony import split_harmony
+
 __all__ = ["REASONING_PARSERS", "get_reasoning_parser", "prompt_opens_think", "split_think"]
 
 THINK_OPEN = "<think>"
@@ -68,8 +70,6 @@ def split_think(text: str, opened: bool = False) -> tuple[str, str]:
 
 
 def _split_harmony(text: str, opened: bool = False) -> tuple[str, str]:
-    from core.gateway.harmony import split_harmony
-
     return split_harmony(text)
 
 

@@ -53,6 +53,7 @@ from core.gateway.history import (
     reserve_prompt,
 )
 from core.gateway.messages import Unit, canonical_tool_call, raws_of
+from core.gateway.parsed_output import ParsedOutput
 from core.gateway.reasoning import get_reasoning_parser, prompt_opens_think
 from core.gateway.render import (
     ChatRenderer,
@@ -67,7 +68,7 @@ from core.gateway.strict import split_strict
 from core.gateway.thinking import template_reasoning
 from core.gateway.tokentext import TokenLogprob, TokenText
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
-from core.gateway.toolparse import ParsedOutput, get_parser, kept_call_ids, new_call_id
+from core.gateway.toolparse import get_parser, kept_call_ids, new_call_id
 from core.interfaces import Sampler
 from core.tokenizer import end_of_turn_ids
 from core.types import FinishReason, SampleResult, SamplingParams, TraceRecord

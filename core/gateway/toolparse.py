@@ -2,9 +2,7 @@
 
 Defines:
 
-- ``ParsedOutput``: content, tool calls, and whether the text *tried* to call
-  a tool but was malformed (then the whole text comes back as content and the
-  turn is counted as ill-formed in the trace metadata).
+- ``ParsedOutput`` (re-exported from ``core.gateway.parsed_output``): what every parser returns.
 - ``parse_hermes``: Qwen2.5/Qwen3/Hermes ``<tool_call>{"name": .., "arguments": ..}</tool_call>``.
 - ``parse_qwen3_coder``: Qwen3-Coder XML ``<tool_call><function=NAME><parameter=P>v</parameter></function></tool_call>``.
 - ``parse_llama3_json``: Llama 3.x JSON ``{"name": .., "parameters": ..}`` (optionally after ``<|python_tag|>``).
@@ -25,11 +23,12 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection
 from typing import Any
 
 from core.gateway import safejson
+from core.gateway.harmony import parse_harmony
+from core.gateway.parsed_output import ParsedOutput, ToolParser
 
 __all__ = [
     "PARSERS",
@@ -47,25 +46,6 @@ __all__ = [
 ]
 
 
-@dataclass
-class ParsedOutput:
-    """What a parser made of one turn's text."""
-
-    content: str
-    """Text for the client (everything but well-formed tool calls)."""
-    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
-    """(name, arguments) per call, arguments a dict (or a string the model wrote)."""
-    ill_formed: bool = False
-    """The text tried to call a tool and failed; ``content`` is then the raw text."""
-    error: str = ""
-    """Why it was ill-formed."""
-    call_ids: list[str | None] = field(default_factory=list)
-    """The id the model wrote for each call (Mistral's ``[TOOL_CALLS][{..., "id": ...}]``), aligned
-    with ``tool_calls``; empty when the format writes none. The gateway returns it to the client,
-    so history sent back renders the id the model generated."""
-
-
-ToolParser = Callable[[str], ParsedOutput]
 
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -307,19 +287,13 @@ def parse_mistral(text: str) -> ParsedOutput:
     return ParsedOutput(content=text[:start], tool_calls=calls, call_ids=ids if any(ids) else [])
 
 
-def _parse_harmony(text: str) -> ParsedOutput:
-    from core.gateway.harmony import parse_harmony  # it imports this module
-
-    return parse_harmony(text)
-
-
 PARSERS: dict[str, ToolParser] = {
     "hermes": parse_hermes,
     "qwen3": parse_hermes,
     "qwen3_coder": parse_qwen3_coder,
     "llama3_json": parse_llama3_json,
     "deepseek_v3": parse_deepseek_v3,
-    "harmony": _parse_harmony,
+    "harmony": parse_harmony,
     "glm45": parse_glm45,
     "mistral": parse_mistral,
 }

@@ -11,7 +11,8 @@ Defines (re-exported):
 
 from __future__ import annotations
 
-from core.samplers.http_common import HttpSampler, HttpSamplerConfig, build_http_sampler
+from core.samplers.factory import build_http_sampler
+from core.samplers.http_sampler import HttpSampler, HttpSamplerConfig
 from core.samplers.scripted import SamplerCall, ScriptedSampler, encode_reply
 from core.samplers.sglang import SGLangSampler
 from core.samplers.vllm import VLLMSampler

@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import httpx
 
 from core.http import ShardedClient
-from core.samplers.http_common import HttpSampler, finish_reason_of
 from core.samplers.http_pool import ServerState
+from core.samplers.http_sampler import HttpSampler, finish_reason_of
 from core.types import SampleResult, SamplingParams
 
 __all__ = ["SGLangSampler"]

@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from core.samplers.http_common import HttpSampler, finish_reason_of
 from core.samplers.http_pool import ServerState
+from core.samplers.http_sampler import HttpSampler, finish_reason_of
 from core.types import SampleResult, SamplingParams
 
 __all__ = ["VLLMSampler"]

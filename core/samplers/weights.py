@@ -40,8 +40,8 @@ from typing import Any
 import httpx
 
 from core.errors import RunAborted
-from core.samplers.http_common import HttpSampler
 from core.samplers.http_pool import ServerState
+from core.samplers.http_sampler import HttpSampler
 
 __all__ = ["PushReport", "WeightPusher"]
 

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
-from core.samplers.http_common import HttpSampler, HttpSamplerConfig, build_http_sampler
+from core.samplers.factory import build_http_sampler
+from core.samplers.http_sampler import HttpSampler, HttpSamplerConfig
 from core.samplers.weights import PushReport, WeightPusher
 
 __all__ = ["FLEET_KINDS", "SAMPLER_CHOICES", "Fleet", "SamplerConfig", "build_fleet"]

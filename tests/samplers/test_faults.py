@@ -16,7 +16,7 @@ import pytest
 
 from core.errors import ConfigError, SamplerError
 from core.samplers import HttpSamplerConfig, build_http_sampler
-from core.samplers.http_common import HttpSampler, affinity_key
+from core.samplers.http_sampler import HttpSampler, affinity_key
 from core.types import FinishReason, SampleResult, SamplingParams
 from tests.samplers.servers import dead_url
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from core.samplers import HttpSamplerConfig, SGLangSampler, VLLMSampler, build_http_sampler
-from core.samplers.http_common import HttpSampler, affinity_key
+from core.samplers.http_sampler import HttpSampler, affinity_key
 from core.types import FinishReason, SampleResult, SamplingParams
 from tests.samplers.conftest import LocalServer
 

@@ -71,7 +71,7 @@ def default_sampler(args: Any, cfg: Any, tokenizer: Any) -> Any:
     """
     from omegaconf import OmegaConf
 
-    from core.samplers.http_common import build_http_sampler
+    from core.samplers.factory import build_http_sampler
 
     extra = cfg.backend.get("sampler") or {}
     if not isinstance(extra, dict):

@@ -6,7 +6,6 @@ Defines:
 - ``HttpSampler``: the base of ``VLLMSampler`` and ``SGLangSampler``. A subclass
   says how to build a request body and parse a response; this class sends it.
 - ``affinity_key``: the routing key sent for a session (a hash, never the id).
-- ``build_http_sampler``: config in, sampler out (``kind`` picks the class).
 
 Rules the base enforces:
 
@@ -45,7 +44,7 @@ from core.http import ShardedClient
 from core.samplers.http_pool import ServerPool, ServerState
 from core.types import FinishReason, SampleResult, SamplingParams
 
-__all__ = ["HttpSampler", "HttpSamplerConfig", "affinity_key", "build_http_sampler"]
+__all__ = ["HttpSampler", "HttpSamplerConfig", "affinity_key"]
 
 log = logging.getLogger(__name__)
 
@@ -404,26 +403,3 @@ class HttpSampler:
             await self._client.aclose()
         self._client = None
 
-
-def build_http_sampler(config: HttpSamplerConfig | dict[str, Any]) -> HttpSampler:
-    """``VLLMSampler`` or ``SGLangSampler`` for ``config.kind``.
-
-    Raises:
-        ConfigError: unknown kind or a bad field.
-    """
-    if isinstance(config, dict):
-        known = set(HttpSamplerConfig.__dataclass_fields__)
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise ConfigError(f"unknown sampler keys {unknown!r}; known keys: {sorted(known)}")
-        config = HttpSamplerConfig(**config)
-    if config.kind == "sglang":
-        from core.samplers.sglang import SGLangSampler
-
-        return SGLangSampler(config)
-    if config.kind == "vllm":
-        from core.samplers.vllm import VLLMSampler
-
-        return VLLMSampler(config)
-    config.validate()  # raises, naming the kinds
-    raise AssertionError("unreachable")
