@@ -82,3 +82,22 @@ def test_write_page_rewrites_only_the_generated_part(tmp_path: Path) -> None:
     assert text.startswith("# hand-written head\n") and text.endswith("\n## hand-written tail\n")
     assert "stale" not in text and "### default_run" in text
     assert module.write_page(page) is False
+
+
+def test_no_dated_or_load_qualified_figure_outside_the_performance_page() -> None:
+    """Measured figures carry their date and load in docs/performance.md (and the kept results)
+    only; other pages link there, so a number is stated once and cannot go stale unnoticed."""
+    files = subprocess.run(
+        ["git", "ls-files", "*.md", "*.yaml", "*.yml", "*pyproject.toml"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    exempt = {"docs/performance.md"}
+    dated = re.compile(r"20\d\d-\d\d-\d\d|load average", re.IGNORECASE)
+    hits = [
+        f"{name}:{number}: {line.strip()}"
+        for name in files
+        if name not in exempt and not name.startswith("benchmarks/results/") and (ROOT / name).is_file()
+        for number, line in enumerate((ROOT / name).read_text().splitlines(), 1)
+        if dated.search(line)
+    ]
+    assert not hits, "\n".join(hits)

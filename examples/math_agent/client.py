@@ -1,7 +1,7 @@
 """One OpenAI client per process, a cheap per-session view of it: ``gateway_client``.
 
 Building an ``openai.AsyncOpenAI`` builds an httpx client and its TLS context
-(about 18 ms of CPU, 2-core machine, quiet: ``python benchmarks/figures.py --only openai_client``);
+(milliseconds of CPU: docs/performance.md, ``openai_client``);
 doing that on every model call costs a step of 256 rollouts seconds of CPU. ``with_options(api_key=...)`` returns a
 client that shares the connection pool and costs microseconds, and the api key
 must differ per session (it is the gateway session id), so: one pool per event
