@@ -52,6 +52,7 @@ from core.gateway.history import (
     release,
     reserve_prompt,
 )
+from core.gateway.late_rewards import LateRewards
 from core.gateway.messages import Unit, canonical_tool_call, raws_of
 from core.gateway.parsed_output import ParsedOutput
 from core.gateway.reasoning import get_reasoning_parser, prompt_opens_think
@@ -181,7 +182,9 @@ class Gateway:
         if self.config.history_mode not in HISTORY_MODES:
             raise ConfigError(f"gateway.history_mode is {self.config.history_mode!r}; choose one of {HISTORY_MODES}")
         self.model_id = model_id
-        self._late_rewards: Any = None
+        self.late_rewards = LateRewards()
+        """Rewards posted after their rollout finished (``POST /admin/rollouts/{id}/reward``
+        feeds it; the rollout runner waits on it)."""
         self.renderer = ChatRenderer(tokenizer, self.config.chat_template_kwargs)
         self._token_text = TokenText(tokenizer)
         self.reasoning = template_reasoning(self.renderer.template or "")
@@ -204,16 +207,6 @@ class Gateway:
         """Reuse a session's last match (``Session.matched``); off only to test that it changes nothing."""
 
     # ------------------------------------------------------------------ trainer API
-
-    @property
-    def late_rewards(self) -> Any:
-        """Rewards posted after their rollout finished (``core.rewards.LateRewards``;
-        ``POST /admin/rollouts/{id}/reward`` feeds it)."""
-        if self._late_rewards is None:
-            from core.rewards.late import LateRewards
-
-            self._late_rewards = LateRewards()
-        return self._late_rewards
 
     @property
     def sampler(self) -> Sampler:

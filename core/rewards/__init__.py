@@ -6,6 +6,9 @@ is public.
 
 from __future__ import annotations
 
+# LateRewards lives with the gateway that receives the posts; re-exported here because
+# docs/plugins.md lists it in core.rewards' public API (third-party code may import it).
+from core.gateway.late_rewards import LateRewards
 from core.rewards.base import (
     MODES,
     RewardConfig,
@@ -15,7 +18,6 @@ from core.rewards.base import (
     final_answer,
     transcript,
 )
-from core.rewards.late import LateRewards
 from core.rewards.stage import RewardStage, build_reward_stage
 
 __all__ = [
