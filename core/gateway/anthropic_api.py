@@ -23,9 +23,9 @@ from core.gateway.fields import (
     opt_stop,
 )
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
+from core.gateway.reasoning_switches import AS_IS, Reasoning, anthropic_thinking
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.strict import strict_schemas
-from core.gateway.thinking import AS_IS, Reasoning, anthropic_thinking
 from core.gateway.toolchoice import anthropic_tool_choice
 from core.types import FinishReason
 

@@ -24,9 +24,9 @@ from core.gateway.fields import (
     opt_stop,
 )
 from core.gateway.messages import openai_tools, openai_units
+from core.gateway.reasoning_switches import AS_IS, Reasoning, openai_reasoning, template_kwargs
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.strict import strict_schemas
-from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning, template_kwargs
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import openai_tool_choice
 from core.types import FinishReason

@@ -31,12 +31,12 @@ from typing import Any
 from core.gateway.errors import SURROGATE_HINT, GatewayError, bad_request
 from core.gateway.fields import opt_bool, opt_int, opt_number, short_repr
 from core.gateway.messages import raws_of
+from core.gateway.reasoning_switches import AS_IS, Reasoning, openai_reasoning
 from core.gateway.responses_items import group_items, item_units, responses_tools
 from core.gateway.safejson import lone_surrogate
 from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.session import Session
 from core.gateway.strict import strict_schemas
-from core.gateway.thinking import AS_IS, Reasoning, openai_reasoning
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import ToolChoice, openai_tool_choice
 from core.types import FinishReason
@@ -183,7 +183,7 @@ def _check_fields(body: dict[str, Any]) -> None:
 
 
 def _reasoning(body: dict[str, Any], offered: Reasoning) -> dict[str, Any]:
-    """Template variables for ``reasoning.effort`` (as chat's ``reasoning_effort``, ``thinking.py``)."""
+    """Template variables for ``reasoning.effort`` (as chat's ``reasoning_effort``, ``reasoning_switches.py``)."""
     v = body.get("reasoning")
     if v is None:
         return {}
@@ -311,7 +311,7 @@ def _wire_args(args: Any) -> str:
 def _output_items(result: TurnResult) -> list[dict[str, Any]]:
     """The output items of a turn: reasoning, then the message, then one item per tool call."""
     items: list[dict[str, Any]] = []
-    reasoning = result.reasoning  # split off by the gateway's reasoning parser (core.gateway.reasoning)
+    reasoning = result.reasoning  # split off by the gateway's reasoning parser (core.gateway.reasoning_parsers)
     if reasoning:
         items.append({
             "type": "reasoning", "id": "rs_" + secrets.token_hex(16), "summary": [],

@@ -55,7 +55,8 @@ from core.gateway.history import (
 from core.gateway.late_rewards import LateRewards
 from core.gateway.messages import Unit, canonical_tool_call, raws_of
 from core.gateway.parsed_output import ParsedOutput
-from core.gateway.reasoning import get_reasoning_parser, prompt_opens_think
+from core.gateway.reasoning_parsers import get_reasoning_parser, prompt_opens_think
+from core.gateway.reasoning_switches import template_reasoning
 from core.gateway.render import (
     ChatRenderer,
     InvalidText,
@@ -66,7 +67,6 @@ from core.gateway.render import (
 from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session, new_session_id
 from core.gateway.strict import split_strict
-from core.gateway.thinking import template_reasoning
 from core.gateway.tokentext import TokenLogprob, TokenText
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
 from core.gateway.toolparse import get_parser, kept_call_ids, new_call_id
@@ -112,7 +112,7 @@ class TurnRequest:
     logprobs: bool = False
     """Return each sampled token's logprob (``TurnResult.logprobs``)."""
     template_kwargs: dict[str, Any] | None = None
-    """Template variables for this request only (``core.gateway.thinking``)."""
+    """Template variables for this request only (``core.gateway.reasoning_switches``)."""
     strict: dict[str, Any] | None = None
     """Schemas of the tools sent with ``strict: true``, by name (``core.gateway.strict``)."""
     size: int = 0

@@ -97,7 +97,7 @@ def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> Rollou
             rollout_id, RolloutStatus.CRASHED, error=str(text), elapsed_s=elapsed_s
         )
     if output.get("reward_pending") is True and output.get("reward", output.get("rewards")) is None:
-        # The reward is posted later (core.rewards.late); the runner waits for it.
+        # The reward is posted later (core.gateway.late_rewards); the runner waits for it.
         return RolloutResult(
             rollout_id, RolloutStatus.REWARD_PENDING, metrics=_metrics(output), elapsed_s=elapsed_s
         )

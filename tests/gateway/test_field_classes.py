@@ -29,8 +29,8 @@ from core.gateway.anthropic_api import parse_count_request, parse_messages_reque
 from core.gateway.errors import GatewayError
 from core.gateway.fields import ANTHROPIC_FIELDS, CHAT_FIELDS, Fields
 from core.gateway.openai_api import parse_chat_request
+from core.gateway.reasoning_switches import Reasoning
 from core.gateway.responses_api import _NO_EFFECT, _USED, parse_responses_request
-from core.gateway.thinking import Reasoning
 from core.types import SamplingParams
 from tests.gateway.conftest import Harness
 

@@ -11,7 +11,7 @@ from core.gateway import GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.harmony import parse_harmony, split_harmony
 from core.gateway.messages import anthropic_units, openai_units
-from core.gateway.reasoning import get_reasoning_parser, prompt_opens_think, split_think
+from core.gateway.reasoning_parsers import get_reasoning_parser, prompt_opens_think, split_think
 from core.gateway.toolparse import detect_parser, parse_deepseek_v3
 from core.samplers import ScriptedSampler
 from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer

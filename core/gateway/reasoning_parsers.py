@@ -1,5 +1,8 @@
 """Reasoning parsers: a generated turn's text split into reasoning and answer.
 
+The reply side of reasoning; what a request may ask the template to do about
+reasoning (the prompt side) is ``core.gateway.reasoning_switches``.
+
 Defines:
 
 - ``split_think``: ``<think>…</think>`` reasoning (Qwen3, DeepSeek R1, GLM-4.5

@@ -1,5 +1,8 @@
 """Reasoning switches: what a chat template offers, and the request fields that drive it.
 
+The prompt side of reasoning; splitting the generated reply into reasoning and
+answer (the reply side) is ``core.gateway.reasoning_parsers``.
+
 Defines:
 
 - ``Reasoning`` / ``template_reasoning``: whether the model's template has a
