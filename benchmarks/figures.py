@@ -324,7 +324,8 @@ FIGURES = [
     ),
     Figure(
         "openai_client", "AsyncOpenAI(...) per call vs .with_options(api_key=...) per session",
-        ["docs/quickstart.md", "examples/README.md", "examples/math_agent/client.py"], "2 s", openai_client,
+        ["docs/quickstart.md", "docs/runtime.md", "examples/README.md", "examples/math_agent/client.py"], "2 s",
+        openai_client,
     ),
     Figure(
         "examples", "python -m core.train task=math_agent|strands_math_agent trainer.max_steps=3",
@@ -350,10 +351,12 @@ FIGURES = [
     ),
     Figure("frameworks_tests", "python -m pytest -m frameworks", ["README.md"], "30-60 s", frameworks_tests),
     Figure(
-        "seeds", "python benchmarks/seeds.py --jobs 2 --stop-after 10", ["README.md", "docs/quickstart.md"],
+        "seeds", "python benchmarks/seeds.py --jobs 2 --stop-after 10", ["docs/quickstart.md"],
         "15-25 min", seeds, expensive=True,
     ),
-    Figure("test_suite", "python -m pytest", ["README.md"], "7-10 min", test_suite, expensive=True),
+    Figure(
+        "test_suite", "python -m pytest", ["README.md", "docs/architecture.md"], "7-10 min", test_suite, expensive=True
+    ),
 ]
 
 

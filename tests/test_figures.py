@@ -44,8 +44,25 @@ def test_every_figure_has_an_entry_and_its_pages_link_to_the_performance_page() 
         assert re.search(rf"^### {figure.name}$", text, re.MULTILINE), figure.name
         assert f"python benchmarks/figures.py --only {figure.name}" in text, figure.name
         for page in figure.quoted_in:
-            linked = (ROOT / page).read_text()
-            assert "performance.md" in linked or "benchmarks/figures.py" in linked, (figure.name, page)
+            assert "performance.md" in (ROOT / page).read_text(), (figure.name, page)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_into_the_performance_page_has_its_entry() -> None:
+    anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", PAGE.read_text(), re.MULTILINE)}
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    links = [
+        (name, anchor)
+        for name in files
+        if name.endswith((".md", ".py", ".yaml", ".toml")) and (ROOT / name).is_file()
+        for anchor in re.findall(r"performance\.md#([\w-]+)", (ROOT / name).read_text())
+    ]
+    assert len(links) >= 20
+    assert [(name, anchor) for name, anchor in links if anchor not in anchors] == []
 
 
 def test_list_and_a_cheap_figure_with_the_machine(tmp_path: Path) -> None:
