@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from core.http import FastClient
 from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
 from core.runtime._process import AgentProcess
 from core.runtime._results import failed, result_from_output
+from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import LocalRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
@@ -39,7 +39,7 @@ def _config_field_names() -> set[str]:
     return {f.name for f in dataclasses.fields(LocalRuntimeConfig)}
 
 
-class LocalRuntime:
+class LocalRuntime(RuntimeBase):
     """Runs rollouts on a pool of local agent server processes.
 
     Example:
@@ -59,6 +59,8 @@ class LocalRuntime:
         ConfigError: ``agent`` is not ``module:attribute`` or a setting is out of range.
     """
 
+    kind = "local"
+
     def __init__(
         self,
         agent: str,
@@ -67,6 +69,7 @@ class LocalRuntime:
         env: dict[str, str] | None = None,
         **overrides: Any,
     ) -> None:
+        super().__init__()
         unknown = set(overrides) - _config_field_names()
         if unknown:
             raise ConfigError(
@@ -99,11 +102,6 @@ class LocalRuntime:
         self._client: FastClient | None = None
         self._channel: HttpChannel | S3Channel | None = None
         self._sem = asyncio.Semaphore(c.max_concurrency)
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-        self._cancelled: set[str] = set()
-        self._background: set[asyncio.Task[Any]] = set()
-        self._started = False
-        self._closed = False
 
     @classmethod
     def from_config(cls, cfg: Any, *, node: Any = None) -> LocalRuntime:
@@ -139,16 +137,12 @@ class LocalRuntime:
         """Folder holding process logs (``p<i>.log``) and session directories."""
         return self._root
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Spawn the pool and wait until every process answers ``/ping``.
 
         Raises:
             RuntimeStartError: a process exited or never listened; the message has its log tail.
         """
-        if self._started:
-            return
-        if self._closed:
-            raise RuntimeStartError("this LocalRuntime was closed; create a new one")
         c = self.config
         httpx_log = logging.getLogger("httpx")
         if httpx_log.level == logging.NOTSET:
@@ -190,22 +184,10 @@ class LocalRuntime:
                 if isinstance(errors[0], RuntimeStartError)
                 else RuntimeStartError(f"agent pool failed to start: {errors[0]!r}")
             )
-        self._started = True
-
-    async def aclose(self) -> None:
-        """Cancel rollouts in flight, stop the pool, remove the temporary folder; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for rollout_id, task in list(self._tasks.items()):
-            self._cancelled.add(rollout_id)
-            task.cancel()
-        await asyncio.sleep(0)
-        await self._shutdown()
 
     async def _shutdown(self) -> None:
-        for task in list(self._background):
-            task.cancel()
+        """Stop the pool, close the client, remove the temporary folder."""
+        self._cancel_background()
         await asyncio.gather(*(p.stop() for p in self._procs), return_exceptions=True)
         if isinstance(self._channel, S3Channel):
             self._channel.close()
@@ -214,16 +196,8 @@ class LocalRuntime:
             self._client = None
         if self._own_root and self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
-        self._started = False
 
     # -- rollouts ---------------------------------------------------------------------
-
-    async def cancel(self, rollout_id: str) -> None:
-        """Stop a rollout in flight; its ``run_rollout`` returns ``CRASHED`` with ``cancelled``."""
-        task = self._tasks.get(rollout_id)
-        if task is not None and not task.done():
-            self._cancelled.add(rollout_id)
-            task.cancel()
 
     def _payload(self, request: RolloutRequest) -> dict[str, Any]:
         """The dataset row plus the model config in both toolkit shapes.
@@ -246,27 +220,20 @@ class LocalRuntime:
             "_rollout": {**(rollout if isinstance(rollout, dict) else {}), **model},
         }
 
-    async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
-        """Run one rollout; never raises for agent faults (see ``RolloutRuntime``)."""
+    async def _run(self, request: RolloutRequest, clock: RolloutClock) -> RolloutResult:
+        """One rollout on the least busy process; cancelled by us, it is cancelled there too."""
         rid = request.rollout_id
-        if not self._started or self._closed:
-            state = "closed" if self._closed else "not started; await runtime.start() first"
-            return failed(rid, RolloutStatus.REJECTED, f"the local runtime is {state}", 0.0)
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks[rid] = task
-        t0 = time.monotonic()
         inv: Invocation | None = None
         try:
             async with self._sem:
-                t0 = time.monotonic()  # queueing for a slot is not the rollout's time
+                clock.restart()  # queueing for a slot is not the rollout's time
                 try:
                     async with asyncio.timeout(request.timeout_s):
                         try:
                             inv = await self._invocation(request)
                         except AgentFault as fault:
-                            return failed(rid, fault.status, str(fault), time.monotonic() - t0)
-                        return await self._run(inv, rid, t0)
+                            return failed(rid, fault.status, str(fault), clock.elapsed())
+                        return await self._collect(inv, rid, clock)
                 except TimeoutError:
                     if inv is not None:
                         await self._cancel_remote(inv)
@@ -275,20 +242,14 @@ class LocalRuntime:
                         rid,
                         RolloutStatus.TIMEOUT,
                         f"the rollout ran past its {request.timeout_s:g}s timeout and was cancelled",
-                        time.monotonic() - t0,
+                        clock.elapsed(),
                     )
         except asyncio.CancelledError:
-            if rid not in self._cancelled:
-                raise
-            if inv is not None:
+            if self._cancelled_by_us(rid) and inv is not None:
                 await self._cancel_remote(inv)
                 await self._recycle_if_stuck(inv)
-            return failed(
-                rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0
-            )
+            raise
         finally:
-            self._tasks.pop(rid, None)
-            self._cancelled.discard(rid)
             if inv is not None:
                 inv.proc.in_flight -= 1
                 if not self.config.keep_workdirs:
@@ -325,27 +286,28 @@ class LocalRuntime:
                 )
             await asyncio.sleep(0.05)
 
-    async def _run(self, inv: Invocation, rid: str, t0: float) -> RolloutResult:
+    async def _collect(self, inv: Invocation, rid: str, clock: RolloutClock) -> RolloutResult:
+        """The invocation's output as a result; a dead process is restarted."""
         assert self._channel is not None
         try:
             output = await self._channel.run(inv)
         except AgentFault as fault:
             if fault.status is RolloutStatus.CRASHED and not inv.proc.alive():
                 self._schedule_restart(inv.proc)
-            return failed(rid, fault.status, self._replaced(inv, str(fault)), time.monotonic() - t0)
+            return failed(rid, fault.status, self._replaced(inv, str(fault)), clock.elapsed())
         except httpx.HTTPError as exc:
-            return await self._transport_failure(inv, rid, exc, t0)
-        return result_from_output(rid, output, time.monotonic() - t0)
+            return await self._transport_failure(inv, rid, exc, clock)
+        return result_from_output(rid, output, clock.elapsed())
 
     async def _transport_failure(
-        self, inv: Invocation, rid: str, exc: Exception, t0: float
+        self, inv: Invocation, rid: str, exc: Exception, clock: RolloutClock
     ) -> RolloutResult:
         proc = inv.proc
         for _ in range(20):  # a killed process drops its sockets a moment before it is reaped
             if not proc.alive() or inv.generation != proc.generation:
                 break
             await asyncio.sleep(0.05)
-        elapsed = time.monotonic() - t0
+        elapsed = clock.elapsed()
         if inv.generation != proc.generation:
             what = self._replaced(inv, f"agent process {proc.index} dropped the connection")
         elif proc.proc is not None and proc.proc.poll() is not None:
@@ -359,17 +321,16 @@ class LocalRuntime:
         proc.healthy = False
         if self._closed or (not recycle_because and proc.restarts >= self.config.max_restarts):
             return
-        if any(t.get_name() == f"restart-{proc.index}" for t in self._background):
+        name = f"restart-{proc.index}"
+        if self._background_running(name):
             return
         assert self._client is not None
-        task = asyncio.create_task(
+        self._in_background(
             proc.restart(
                 self._client, self.config.startup_timeout_s, recycle_because=recycle_because
             ),
-            name=f"restart-{proc.index}",
+            name,
         )
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
         if recycle_because:
             logger.warning(
                 "agent process %d (pid %s) is recycled: %s; see %s",

@@ -39,6 +39,7 @@ from core.runtime.agentcore._preflight import (
     public_base_url,
 )
 from core.runtime.agentcore.config import AgentCoreRuntimeConfig, parse_runtime_arn
+from core.runtime.base import RolloutClock, RuntimeBase
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
 logger = logging.getLogger("core.runtime.agentcore")
@@ -66,7 +67,7 @@ def runtime_session_id(request: RolloutRequest) -> str:
     return f"{sid}-{digest}"[: max(MIN_SESSION_ID, len(sid) + 1 + 32)]
 
 
-class AgentCoreRuntime:
+class AgentCoreRuntime(RuntimeBase):
     """Runs rollouts on AgentCore Runtime through boto3 (``runtime=agentcore``).
 
     Example:
@@ -83,7 +84,10 @@ class AgentCoreRuntime:
             (``gateway.public_host`` or ``gateway.host``), checked at start.
     """
 
+    kind = "agentcore"
+
     def __init__(self, config: AgentCoreRuntimeConfig, *, gateway_host: str = "") -> None:
+        super().__init__()
         self.config = config
         self.gateway_host = gateway_host
         self.limiter: TpsLimiter | None = None
@@ -91,11 +95,8 @@ class AgentCoreRuntime:
         self.exp_id = config.s3_exp_id
         self._channel: HttpResultChannel | S3ResultChannel | None = None
         self._sem = asyncio.Semaphore(max(1, config.max_concurrency))
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-        self._cancelled: set[str] = set()
         self._stops: set[asyncio.Task[Any]] = set()
-        self._started = False
-        self._closed = False
+        """Session stops under way (they outlive a cancelled rollout; ``aclose`` waits for them)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> AgentCoreRuntime:
@@ -139,7 +140,7 @@ class AgentCoreRuntime:
             )
         return c.region or arn.region
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Check the config and the gateway's address, build the clients, check the bucket.
 
         Raises:
@@ -147,10 +148,6 @@ class AgentCoreRuntime:
                 loopback address while agents run remotely.
             RuntimeStartError: the result bucket cannot be read.
         """
-        if self._started:
-            return
-        if self._closed:
-            raise RuntimeStartError("this AgentCoreRuntime was closed; create a new one")
         c = self.config
         region = self._validate()
         host = c.gateway_public_host or self.gateway_host
@@ -194,28 +191,20 @@ class AgentCoreRuntime:
                     ) from exc
         else:
             self._channel = HttpResultChannel(self.acr, polling=polling, wait_s=c.http_wait_s)
-        self._started = True
 
-    async def aclose(self) -> None:
-        """Cancel rollouts in flight (stopping their sessions), then release clients; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for rollout_id, task in list(self._tasks.items()):
-            self._cancelled.add(rollout_id)
-            task.cancel()
+    async def _settle(self) -> None:
+        """Let cancelled rollouts schedule their session stops, and wait for the stops."""
         for _ in range(3):  # let cancelled rollouts reach their finally and schedule stops
             await asyncio.sleep(0)
         if self._stops:
             await asyncio.wait(list(self._stops), timeout=self.config.stop_timeout_s + 5.0)
-        await self._shutdown()
 
     async def _shutdown(self) -> None:
+        """Release the clients (and the S3 polling threads)."""
         if isinstance(self._channel, S3ResultChannel):
             self._channel.close()
         if self.acr is not None:
             self.acr.close()
-        self._started = False
 
     def stats(self) -> dict[str, float]:
         """Data-plane counters: attempts, throttling and cold-start retries, current rate."""
@@ -227,13 +216,6 @@ class AgentCoreRuntime:
         return out
 
     # -- rollouts ---------------------------------------------------------------------
-
-    async def cancel(self, rollout_id: str) -> None:
-        """Stop a rollout in flight; its ``run_rollout`` returns ``CRASHED`` and its session is stopped."""
-        task = self._tasks.get(rollout_id)
-        if task is not None and not task.done():
-            self._cancelled.add(rollout_id)
-            task.cancel()
 
     def _payload(self, request: RolloutRequest, base_url: str) -> dict[str, Any]:
         return {
@@ -247,13 +229,11 @@ class AgentCoreRuntime:
             },
         }
 
-    async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
-        """Run one rollout in its own AgentCore session; never raises for agent or AWS faults."""
+    async def _run(self, request: RolloutRequest, clock: RolloutClock) -> RolloutResult:
+        """One rollout in its own AgentCore session, stopped afterwards; never raises for agent or AWS faults."""
         rid = request.rollout_id
         c = self.config
-        if not self._started or self._closed or self._channel is None:
-            state = "closed" if self._closed else "not started; await runtime.start() first"
-            return failed(rid, RolloutStatus.REJECTED, f"the agentcore runtime is {state}", 0.0)
+        assert self._channel is not None
         base_url = public_base_url(
             request.base_url,
             host=c.gateway_public_host,
@@ -266,21 +246,17 @@ class AgentCoreRuntime:
             )
         except ConfigError as exc:
             return failed(rid, RolloutStatus.REJECTED, str(exc), 0.0)
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks[rid] = task
         timeout = min(request.timeout_s, c.session_timeout)
         session: AcrSession | None = None
-        t0 = time.monotonic()
         try:
             async with self._sem:
-                t0 = time.monotonic()  # waiting for a slot is not the rollout's time
+                clock.restart()  # waiting for a slot is not the rollout's time
                 session = AcrSession(
                     runtime_session_id=runtime_session_id(request),
                     invocation_id=uuid.uuid4().hex,
                     payload=self._payload(request, base_url),
                     group_id=request.group_id,
-                    deadline=t0 + timeout,
+                    deadline=clock.t0 + timeout,
                 )
                 try:
                     async with asyncio.timeout(timeout):
@@ -291,22 +267,16 @@ class AgentCoreRuntime:
                         RolloutStatus.TIMEOUT,
                         f"the rollout ran past its {timeout:g}s timeout; session "
                         f"{session.runtime_session_id!r} was stopped",
-                        time.monotonic() - t0,
+                        clock.elapsed(),
                     )
                 except AgentFault as fault:
-                    return failed(rid, fault.status, str(fault), time.monotonic() - t0)
+                    return failed(rid, fault.status, str(fault), clock.elapsed())
                 except AcrCallError as exc:
                     status = RolloutStatus.REJECTED if exc.code in _REJECTED_CODES else RolloutStatus.CRASHED
-                    return failed(rid, status, str(exc), time.monotonic() - t0)
-                return result_from_output(rid, output, time.monotonic() - t0)
-        except asyncio.CancelledError:
-            if rid not in self._cancelled:
-                raise
-            task.uncancel()  # our own cancel(): answer with a result instead of propagating
-            return failed(rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0)
+                    return failed(rid, status, str(exc), clock.elapsed())
+                return result_from_output(rid, output, clock.elapsed())
         finally:
-            self._tasks.pop(rid, None)
-            self._cancelled.discard(rid)
+            self._settled(rid)
             if session is not None and c.stop_sessions:
                 await self._stop_after(session.runtime_session_id)
 

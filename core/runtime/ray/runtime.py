@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime._results import failed
+from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import AgentServerSettings, LocalRuntimeConfig
 from core.runtime.ray._preflight import check_gateway_reachable
 from core.runtime.ray.config import RayRuntimeConfig
@@ -69,7 +69,7 @@ class _Slot:
     node_id: str = ""
 
 
-class RayRuntime:
+class RayRuntime(RuntimeBase):
     """Runs rollouts on agent actors in a Ray cluster.
 
     Example:
@@ -90,6 +90,8 @@ class RayRuntime:
         ConfigError: ``agent`` is not ``module:attribute`` or a setting is out of range.
     """
 
+    kind = "ray"
+
     def __init__(
         self,
         agent: str,
@@ -99,6 +101,7 @@ class RayRuntime:
         gateway_host: str = "",
         **overrides: Any,
     ) -> None:
+        super().__init__()
         known = {f.name for f in dataclasses.fields(RayRuntimeConfig)}
         unknown = set(overrides) - known
         if unknown:
@@ -117,9 +120,6 @@ class RayRuntime:
         self._ray: Any = None
         self._own_connection = False
         self._slots: list[_Slot] = []
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-        self._cancelled: set[str] = set()
-        self._background: set[asyncio.Task[Any]] = set()
         # Signalled when an actor gets room or changes health: a rollout waits here for a
         # live actor with fewer than agents_per_actor in flight, so that its timeout counts
         # from when an actor has room for it (as under runtime=local), not while it queues,
@@ -127,8 +127,6 @@ class RayRuntime:
         self._room = asyncio.Condition()
         self.rollouts_per_node: Counter[str] = Counter()
         """Rollouts that came back from each node id (placement, for metrics and tests)."""
-        self._started = False
-        self._closed = False
 
     def _validate(self) -> None:
         c = self.config
@@ -244,7 +242,7 @@ class RayRuntime:
             num_processes=c.processes_per_actor, max_concurrency=c.agents_per_actor, **values
         )
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Join (or start) Ray, check the gateway's address, create the actors and wait for them.
 
         Raises:
@@ -253,10 +251,6 @@ class RayRuntime:
                 ``startup_timeout_s`` (no node fits its resources/labels, or its agent
                 servers failed; the message says which).
         """
-        if self._started:
-            return
-        if self._closed:
-            raise RuntimeStartError("this RayRuntime was closed; create a new one")
         ray = self._ray = self._connect()
         try:
             alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -277,7 +271,6 @@ class RayRuntime:
         except BaseException:
             await self._shutdown()
             raise
-        self._started = True
 
     async def _wait_ready(self) -> None:
         ray = self._ray
@@ -305,20 +298,9 @@ class RayRuntime:
         for slot, info in zip(self._slots, infos, strict=True):
             slot.node_id = str(info.get("node_id", ""))
 
-    async def aclose(self) -> None:
-        """Cancel rollouts in flight, stop and kill every actor, leave Ray if we joined it; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for rollout_id, task in list(self._tasks.items()):
-            self._cancelled.add(rollout_id)
-            task.cancel()
-        await asyncio.sleep(0)
-        await self._shutdown()
-
     async def _shutdown(self) -> None:
-        for task in list(self._background):
-            task.cancel()
+        """Stop and kill every actor, leave Ray if we joined it."""
+        self._cancel_background()
         ray = self._ray
         if ray is not None and self._slots:
             # Only actors that came up have agent servers to stop; one still waiting for a
@@ -341,16 +323,8 @@ class RayRuntime:
         if ray is not None and self._own_connection:
             ray.shutdown()
             self._own_connection = False
-        self._started = False
 
     # -- rollouts ---------------------------------------------------------------------
-
-    async def cancel(self, rollout_id: str) -> None:
-        """Stop a rollout in flight; its ``run_rollout`` returns ``CRASHED`` with ``cancelled``."""
-        task = self._tasks.get(rollout_id)
-        if task is not None and not task.done():
-            self._cancelled.add(rollout_id)
-            task.cancel()
 
     def _pick(self) -> _Slot | None:
         """The least busy actor with room (under ``agents_per_actor`` in flight), among the
@@ -384,30 +358,11 @@ class RayRuntime:
         async with self._room:
             self._room.notify_all()
 
-    async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
-        """Run one rollout on an actor; never raises for agent, actor or node faults."""
-        rid = request.rollout_id
-        if not self._started or self._closed:
-            state = "closed" if self._closed else "not started; await runtime.start() first"
-            return failed(rid, RolloutStatus.REJECTED, f"the ray runtime is {state}", 0.0)
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks[rid] = task
-        t0 = time.monotonic()
-        try:
-            return await self._run(request)
-        except asyncio.CancelledError:
-            if rid not in self._cancelled:
-                raise
-            return failed(rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0)
-        finally:
-            self._tasks.pop(rid, None)
-            self._cancelled.discard(rid)
-
-    async def _run(self, request: RolloutRequest) -> RolloutResult:
+    async def _run(self, request: RolloutRequest, clock: RolloutClock) -> RolloutResult:
+        """One rollout on the least busy actor with room; never raises for agent, actor or node faults."""
         rid = request.rollout_id
         slot = await self._acquire()
-        t0 = time.monotonic()  # queueing for a slot is not the rollout's time
+        clock.restart()  # queueing for a slot is not the rollout's time
         if slot is None:
             return failed(
                 rid,
@@ -433,27 +388,24 @@ class RayRuntime:
                     f"agent actor {slot.index} did not answer within the rollout's "
                     f"{request.timeout_s:g}s timeout plus runtime.call_grace_s="
                     f"{self.config.call_grace_s:g}s",
-                    time.monotonic() - t0,
+                    clock.elapsed(),
                 )
             except asyncio.CancelledError:
-                if rid not in self._cancelled:
-                    raise
-                self._forward_cancel(slot, rid)
-                return failed(
-                    rid, RolloutStatus.CRASHED, "cancelled by the trainer", time.monotonic() - t0
-                )
+                if self._cancelled_by_us(rid):
+                    self._forward_cancel(slot, rid)
+                raise
             except Exception as exc:
-                return self._actor_failure(slot, rid, exc, t0)
+                return self._actor_failure(slot, rid, exc, clock)
             if not isinstance(result, RolloutResult):  # a mismatched tracerl on the node
                 return failed(
                     rid,
                     RolloutStatus.CRASHED,
                     f"agent actor {slot.index} answered {type(result).__name__}, not a RolloutResult; "
                     "install the same tracerl version on the trainer and the nodes",
-                    time.monotonic() - t0,
+                    clock.elapsed(),
                 )
             self.rollouts_per_node[str(node_id)] += 1
-            return dataclasses.replace(result, elapsed_s=time.monotonic() - t0)
+            return dataclasses.replace(result, elapsed_s=clock.elapsed())
         finally:
             await self._release(slot)
 
@@ -463,11 +415,13 @@ class RayRuntime:
         except Exception as exc:  # the actor is gone: nothing runs there to stop
             logger.debug("cancel on %s: %r", slot.name, exc)
 
-    def _actor_failure(self, slot: _Slot, rid: str, exc: Exception, t0: float) -> RolloutResult:
+    def _actor_failure(
+        self, slot: _Slot, rid: str, exc: Exception, clock: RolloutClock
+    ) -> RolloutResult:
         """A failed result for a rollout whose actor (or its node) failed; watch the actor."""
         ray = self._ray
         errors = ray.exceptions
-        elapsed = time.monotonic() - t0
+        elapsed = clock.elapsed()
         where = f"agent actor {slot.index} ({slot.name}, node {slot.node_id[:12] or '?'})"
         if isinstance(exc, errors.RayActorError):
             self._forward_cancel(slot, rid)  # merely unreachable: the rollout may still run there
@@ -488,11 +442,9 @@ class RayRuntime:
     def _watch(self, slot: _Slot) -> None:
         """Wait in the background until Ray has recreated ``slot`` (or gave up on it)."""
         name = f"watch-{slot.index}"
-        if self._closed or any(t.get_name() == name for t in self._background):
+        if self._closed or self._background_running(name):
             return
-        task = asyncio.create_task(self._probe(slot), name=name)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._probe(slot), name)
 
     async def _probe(self, slot: _Slot) -> None:
         """Ask ``slot`` for ``ready`` until it answers (healthy again), Ray drops it (dead) or
