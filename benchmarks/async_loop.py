@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.trainer.metrics import read_metrics  # noqa: E402
+from core.rundir.metrics import read_metrics  # noqa: E402
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Trace files (``core.trainer.traces``): size and write time of a toy step, and what a large
+"""Trace files (``core.rundir.traces``): size and write time of a toy step, and what a large
 step's encoding costs the event loop written on it or from the worker thread.
 
 - ``toy``: a 5-step run of the default task (``python -m core.train``, 256 rollouts a step):
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.trainer.rollouts import RolloutOutcome
-from core.trainer.traces import TraceWriter, list_traces, read_traces, trace_path
+from core.rollout import RolloutOutcome
+from core.rundir.traces import TraceWriter, list_traces, read_traces, trace_path
 from core.types import (
     FinishReason,
     RolloutRequest,

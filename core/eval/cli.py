@@ -27,7 +27,7 @@ __all__ = ["evaluate_config", "format_summary", "print_summary", "resolve_checkp
 
 def resolve_checkpoint(path: str) -> str:
     """The backend state directory of a checkpoint directory, or of a run's latest one."""
-    from core.trainer.checkpoint import STATE_FILE, latest_checkpoint
+    from core.rundir.checkpoint import STATE_FILE, latest_checkpoint
 
     where = Path(path)
     state_file = where / STATE_FILE
@@ -49,8 +49,7 @@ def resolve_checkpoint(path: str) -> str:
 
 
 def _load_eval_set(cfg: Any, out: Path) -> list[dict[str, Any]]:
-    from core.trainer.data import load_payloads
-    from core.trainer.loop import prepare_data
+    from core.rollout import load_payloads, prepare_data
 
     ev = cfg.eval
     if ev.data:
@@ -114,7 +113,7 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
     write_rows(out / "results.jsonl", rows)
     # The rollouts for python -m core.view OUTPUT_DIR. Against an endpoint there is no
     # gateway, so no rows or conversation, but status, reward, components and errors.
-    from core.trainer.traces import TraceWriter
+    from core.rundir.traces import TraceWriter
 
     TraceWriter(out, 1, decode).write_step(0, outcomes, {}, kind="eval")
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
@@ -143,7 +142,7 @@ async def _endpoint_runner(cfg: Any, plugins: Any, closers: list[Any]) -> Endpoi
 async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[Any, str, Any]:
     from core.gateway import Gateway
     from core.gateway.config import GatewayConfig
-    from core.trainer.rollouts import start_rollout_stack
+    from core.rollout import start_rollout_stack
 
     ev = cfg.eval
     spec = plugins.backend(str(cfg.backend.name))

@@ -21,7 +21,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.eval.results import EvalRow, k_values, payload_key, summarize
-from core.trainer.rollouts import DEFAULT_MAX_ABS_REWARD, RolloutOutcome, classify, run_groups
+from core.rollout import DEFAULT_MAX_ABS_REWARD, RolloutOutcome, classify, run_groups
 from core.types import RolloutRequest, RolloutStatus, SamplingParams
 
 __all__ = ["EndpointRunner", "eval_metrics", "outcome_row", "run_eval"]

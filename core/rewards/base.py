@@ -53,7 +53,7 @@ class RewardInput:
     rows: list[TraceRecord]
     """Its trace rows (token ids, loss mask, logprobs); empty without trace capture."""
     conversation: list[dict[str, Any]] = field(default_factory=list)
-    """The message tree the gateway recorded (``core.trainer.traces.conversation_tree``)."""
+    """The message tree the gateway recorded (``core.rundir.traces.conversation_tree``)."""
 
     @property
     def final_answer(self) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.rewards.base import MODES, RewardFunction, RewardInput, RewardOutput
-from core.trainer.rollouts import DEFAULT_MAX_ABS_REWARD, RolloutOutcome, classify
+from core.rollout import DEFAULT_MAX_ABS_REWARD, RolloutOutcome, classify
 from core.types import RolloutResult, RolloutStatus
 
 __all__ = ["RESERVED_COMPONENTS", "RewardStage", "build_reward_stage", "component_metrics"]

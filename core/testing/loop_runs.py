@@ -32,8 +32,8 @@ def check_async_within_staleness(make_cfg: Callable[..., tuple[Any, Any]], run_d
     ``extra`` must pick an agent whose every group has a signal (random rewards), so
     every step trains and moves the weight version.
     """
+    from core.rundir.metrics import read_metrics
     from core.trainer.loop import Trainer
-    from core.trainer.metrics import read_metrics
 
     cfg, plugins = make_cfg(run_dir, *ASYNC_OVERRIDES, *extra)
     assert asyncio.run(Trainer(cfg, plugins).run()) == 0

@@ -25,7 +25,6 @@ rest of the step is the same.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 import sys
 import time
@@ -42,21 +41,27 @@ from core.errors import ConfigError, RunAborted
 from core.eval.run import eval_metrics, run_eval
 from core.gateway.config import GatewayConfig
 from core.rewards.stage import build_reward_stage, component_metrics
-from core.trainer.checkpoint import (
+from core.rollout import (
+    FAULT_KEYS,
+    DataOrder,
+    RolloutOutcome,
+    check_exclude_on,
+    prepare_data,
+    start_rollout_stack,
+)
+from core.rundir.checkpoint import (
     RunDirLock,
     checkpoint_dir,
     existing_checkpoints,
     latest_checkpoint,
     write_trainer_state,
 )
-from core.trainer.data import DataOrder, load_payloads
+from core.rundir.metrics import MetricsWriter, console_line
+from core.rundir.report import write_report
+from core.rundir.traces import TraceWriter
 from core.trainer.fleet import Fleet, build_fleet
-from core.trainer.metrics import MetricsWriter, console_line
 from core.trainer.pool import RolloutPool, check_async_settings, rollout_staleness
-from core.trainer.report import write_report
-from core.trainer.rollouts import FAULT_KEYS, RolloutOutcome, check_exclude_on, start_rollout_stack
 from core.trainer.signal import TOKEN_MEAN_OVER, StepSignal, build_signal
-from core.trainer.traces import TraceWriter
 from core.types import AdamParams, Datum, RolloutStatus, SamplingParams
 
 
@@ -70,34 +75,6 @@ class StepTimes:
     eval: float = 0.0
     checkpoint: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
-
-
-def _import_attr(spec: str, what: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"{what} must look like 'package.module:function', got {spec!r}")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{what} {spec!r} cannot be imported: {exc}") from exc
-
-
-def prepare_data(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Train and eval payloads; a task with a generator writes them into the run directory."""
-    task = cfg.task
-    train_path, eval_path = str(task.train_path), str(task.eval_path)
-    if not train_path:
-        if not task.generator:
-            raise ConfigError("set task.train_path (JSONL or Parquet with a 'payload' field)")
-        generate = _import_attr(str(task.generator), "task.generator")
-        train_path = str(run_dir / "data" / "train.jsonl")
-        eval_path = eval_path or str(run_dir / "data" / "eval.jsonl")
-        if not Path(train_path).exists():
-            kwargs = OmegaConf.to_container(task.generator_kwargs, resolve=True)
-            generate(train_path, eval_path, seed=int(cfg.seed), **kwargs)  # type: ignore[arg-type]
-    train = load_payloads(train_path)
-    evals = load_payloads(eval_path) if eval_path else []
-    return train, evals
 
 
 _CLIP_KEYS = ("clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold")

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
-from core.trainer.data import DataOrder
-from core.trainer.rollouts import RolloutOutcome, RolloutRunner
+from core.rollout import RolloutOutcome, RolloutRunner
+from core.rollout.data import DataOrder
 from core.types import SamplingParams
 
 MODES = ("sync", "async")

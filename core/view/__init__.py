@@ -1,7 +1,7 @@
 """``python -m core.view RUN_DIR``: a run's dashboard and token-level trajectory viewer.
 
 Reads ``metrics.jsonl`` and the trace files the training loop stores
-(``core.trainer.traces``), serves one offline page on loopback (``server``), or
+(``core.rundir.traces``), serves one offline page on loopback (``server``), or
 writes it as one self-contained file (``--static``). See docs/viewer.md.
 """
 

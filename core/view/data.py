@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.trainer.metrics import read_metrics
-from core.trainer.traces import (
+from core.rundir.metrics import read_metrics
+from core.rundir.traces import (
     KINDS,
     TRACES_DIR,
     StepTraces,

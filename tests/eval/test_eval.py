@@ -22,9 +22,9 @@ from core.eval.cli import evaluate_config
 from core.eval.compare import compare_main
 from core.eval.run import EndpointRunner
 from core.plugins import load_plugins
+from core.rundir.metrics import read_metrics
 from core.testing.fakes import compose, fake_backend_plugin
 from core.trainer.loop import Trainer
-from core.trainer.metrics import read_metrics
 from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams
 from core.view.data import RunData
 

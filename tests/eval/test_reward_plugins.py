@@ -23,10 +23,10 @@ from core.plugins import RewardRegistry, RewardSpec, hookimpl, load_plugins
 from core.rewards import RewardConfig, RewardInput, RewardOutput, RewardStage, build_reward_stage
 from core.rewards.builtin import MatchReward, MatchRewardConfig, MathReward, MathRewardConfig
 from core.rewards.judge import JudgeReward, JudgeRewardConfig
+from core.rollout import RolloutOutcome
+from core.rundir.metrics import read_metrics
 from core.testing.fakes import CREATED, compose, fake_backend_plugin
 from core.trainer.loop import Trainer
-from core.trainer.metrics import read_metrics
-from core.trainer.rollouts import RolloutOutcome
 from core.types import RolloutRequest, RolloutResult, RolloutStatus, TraceRecord
 
 HERE = Path(__file__).parent

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from core.plugins import load_plugins
+from core.rollout import RolloutOutcome
+from core.rundir.metrics import read_metrics
 from core.testing.fakes import CREATED, FakeBackend, compose, fake_backend_plugin
 from core.trainer.loop import Trainer
-from core.trainer.metrics import read_metrics
-from core.trainer.rollouts import RolloutOutcome
 from core.trainer.signal import StepSignal
 from core.types import Datum, RolloutStatus, SampleResult, SamplingParams
 

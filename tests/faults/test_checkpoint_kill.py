@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from core.agent._reap import descendants
-from core.trainer.checkpoint import STATE_FILE, latest_checkpoint
-from core.trainer.metrics import read_metrics
+from core.rundir.checkpoint import STATE_FILE, latest_checkpoint
+from core.rundir.metrics import read_metrics
 from tests.faults.harness import HERE, fault_config, fault_overrides, run_loop
 
 pytestmark = pytest.mark.integration

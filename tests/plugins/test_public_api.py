@@ -30,7 +30,8 @@ class PooledConfig:
 
 @pytest.mark.parametrize(
     "module",
-    ["core.plugins", "core.testing", "core.runtime", "core.interfaces", "core.types", "core.agent", "core.rewards", "core.eval"],
+    ["core.plugins", "core.testing", "core.runtime", "core.interfaces", "core.types", "core.agent", "core.rewards", "core.eval",
+     "core.rollout", "core.rundir"],
 )
 def test_every_name_in_all_resolves(module: str) -> None:
     mod = importlib.import_module(module)

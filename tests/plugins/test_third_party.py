@@ -163,7 +163,7 @@ import asyncio, json
 from core.plugins import load_plugins
 from core.rewards import build_reward_stage
 from core.testing import compose_config
-from core.trainer.rollouts import RolloutOutcome
+from core.rollout import RolloutOutcome
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
 plugins = load_plugins()

@@ -15,10 +15,10 @@ import pytest
 from acr_helpers import BUCKET, agent_env, make_runtime
 
 from core.gateway import Gateway, GatewayConfig, GatewayServer
+from core.rollout import RolloutOutcome, RolloutRunner
 from core.samplers import ScriptedSampler, encode_reply
 from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.tokenizer import build_tiny_tokenizer
-from core.trainer.rollouts import RolloutOutcome, RolloutRunner
 from core.types import RolloutStatus, SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -14,12 +14,12 @@ import pytest
 from test_loop import _cfg, _train
 
 from core.errors import ConfigError
+from core.rollout import RolloutOutcome
+from core.rollout.data import DataOrder
+from core.rundir.checkpoint import latest_checkpoint
+from core.rundir.metrics import console_line, read_metrics
 from core.testing.fakes import CREATED
-from core.trainer.checkpoint import latest_checkpoint
-from core.trainer.data import DataOrder
 from core.trainer.loop import Trainer
-from core.trainer.metrics import console_line, read_metrics
-from core.trainer.rollouts import RolloutOutcome
 from core.trainer.signal import StepSignal
 
 ROWS = 40

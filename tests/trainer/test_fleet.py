@@ -26,11 +26,11 @@ from omegaconf import OmegaConf
 
 from core.errors import ConfigError, RunAborted
 from core.plugins import load_plugins
+from core.rundir.metrics import read_metrics
 from core.testing.fakes import compose, fake_backend_plugin
 from core.train import check_driving_settings
 from core.trainer.fleet import SamplerConfig, build_fleet, sampler_config
 from core.trainer.loop import Trainer
-from core.trainer.metrics import read_metrics
 from tests.samplers.servers import BackgroundLoop
 
 HERE = Path(__file__).parent

@@ -46,8 +46,8 @@ from typing import Any
 
 import pytest
 
-from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
-from core.trainer.metrics import read_metrics
+from core.rundir.checkpoint import STATE_FILE, checkpoint_dir
+from core.rundir.metrics import read_metrics
 
 RUNNER = Path(__file__).with_name("learning_run.py")
 PARENT_ENV = "TRACERL_LEARNING_RUN_PARENT"  # learning_run.py exits when this pid is gone

@@ -42,9 +42,9 @@ from typing import Any
 
 import pytest
 
-from core.trainer.checkpoint import STATE_FILE, checkpoint_dir
-from core.trainer.metrics import read_metrics
-from core.trainer.traces import read_traces, trace_path
+from core.rundir.checkpoint import STATE_FILE, checkpoint_dir
+from core.rundir.metrics import read_metrics
+from core.rundir.traces import read_traces, trace_path
 
 pytestmark = [pytest.mark.long, pytest.mark.timeout(1800)]
 """Minutes of training: outside README's ``python -m pytest``; ``python -m pytest -m long`` runs it

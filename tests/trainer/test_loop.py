@@ -15,13 +15,13 @@ import pytest
 
 from core.errors import ConfigError, RunAborted
 from core.plugins import load_plugins
+from core.rollout import RolloutOutcome
+from core.rundir.checkpoint import RunDirLock
+from core.rundir.metrics import read_metrics
+from core.rundir.traces import list_traces
 from core.testing.fakes import CREATED, compose, fake_backend_plugin
 from core.testing.parity import expected_token_advantages
-from core.trainer.checkpoint import RunDirLock
 from core.trainer.loop import Trainer
-from core.trainer.metrics import read_metrics
-from core.trainer.rollouts import RolloutOutcome
-from core.trainer.traces import list_traces
 from core.types import Datum
 
 HERE = Path(__file__).parent

@@ -20,8 +20,8 @@ from core.gateway import Gateway, GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.messages import openai_units
 from core.gateway.service import TurnRequest
+from core.rollout import RolloutRunner, classify
 from core.samplers import ScriptedSampler, encode_reply
-from core.trainer.rollouts import RolloutRunner, classify
 from core.types import (
     FinishReason,
     RolloutRequest,

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
-from core.trainer import checkpoint as ckpt
-from core.trainer.checkpoint import (
+from core.rundir import checkpoint as ckpt
+from core.rundir.checkpoint import (
     RunDirLock,
     checkpoint_dir,
     existing_checkpoints,
     latest_checkpoint,
     write_trainer_state,
 )
-from core.trainer.metrics import MetricsWriter, read_metrics
-from core.trainer.report import write_report
+from core.rundir.metrics import MetricsWriter, read_metrics
+from core.rundir.report import write_report
 
 
 def _save(run_dir: Path, step: int) -> Path:
@@ -133,8 +133,8 @@ def test_steps_replayed_after_a_resume_count_once(tmp_path: Path) -> None:
 def test_each_metrics_record_is_fsynced_and_the_report_replaced_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import core.trainer.metrics as metrics_module
-    import core.trainer.report as report_module
+    import core.rundir.metrics as metrics_module
+    import core.rundir.report as report_module
 
     synced: list[int] = []
     monkeypatch.setattr(metrics_module.os, "fsync", lambda fd: synced.append(fd))

@@ -13,8 +13,8 @@ import pytest
 
 from core.errors import ConfigError
 from core.gateway.history import Node, Turn
-from core.trainer.rollouts import RolloutOutcome
-from core.trainer.traces import (
+from core.rollout import RolloutOutcome
+from core.rundir.traces import (
     LOGPROB_DECIMALS,
     TraceWriter,
     conversation_tree,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from core.trainer.metrics import read_metrics
-from core.trainer.traces import read_traces, rows_of, trace_path
+from core.rundir.metrics import read_metrics
+from core.rundir.traces import read_traces, rows_of, trace_path
 from core.view.__main__ import main as view_main
 from core.view.server import ViewServer
 
@@ -167,7 +167,7 @@ def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> No
 
     from selenium.webdriver.common.by import By
 
-    from core.trainer.traces import TraceWriter
+    from core.rundir.traces import TraceWriter
     from core.types import (
         FinishReason,
         RolloutRequest,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
-from core.trainer.metrics import read_metrics
-from core.trainer.traces import list_traces, read_traces, rows_of, trace_path
+from core.rundir.metrics import read_metrics
+from core.rundir.traces import list_traces, read_traces, rows_of, trace_path
 from core.view.__main__ import main as view_main
 from core.view.data import RunData
 from core.view.server import ViewServer
@@ -203,7 +203,7 @@ def test_steps_removed_by_retention_are_a_clear_not_found(tmp_path: Path, monkey
     """``trainer.keep_traces`` deletes old training steps' files while the viewer runs: a
     removed step answers 404 naming the stored range and the setting (a file deleted
     between its stat and its read was a 500), and a static export leaves it out."""
-    from core.trainer.traces import TraceWriter
+    from core.rundir.traces import TraceWriter
     from core.types import RolloutRequest, RolloutResult, RolloutStatus
     from core.view import data as view_data
 

@@ -18,10 +18,10 @@ from tracerl_sagemaker import backend as backend_mod
 
 from core.errors import TrainingError
 from core.plugins import load_plugins
+from core.rundir.metrics import read_metrics
 from core.testing.fakes import compose
 from core.testing.loop_runs import check_async_within_staleness
 from core.trainer.loop import Trainer
-from core.trainer.metrics import read_metrics
 
 
 def _cfg(run_dir: Path, *extra: str) -> tuple[Any, Any]:

@@ -31,8 +31,8 @@ from tracerl_slime.generate import generate
 from tracerl_slime.host import WorkerHost
 from tracerl_slime.rewards import post_process_rewards
 
+from core.rollout import RolloutOutcome
 from core.testing.parity import ParityRollout, expected_token_advantages, parity_batch
-from core.trainer.rollouts import RolloutOutcome
 from core.types import SamplingParams
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 64}

@@ -59,7 +59,7 @@ def prepare_launch(cfg: Any) -> LaunchPaths:
     import yaml
     from omegaconf import OmegaConf
 
-    from core.trainer.loop import prepare_data
+    from core.rollout import prepare_data
     from tracerl_slime.data import write_slime_dataset
 
     run_dir = Path(str(cfg.run_dir)).resolve()

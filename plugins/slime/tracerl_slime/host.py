@@ -148,8 +148,8 @@ class WorkerHost:
         from omegaconf import OmegaConf
 
         from core.gateway import Gateway, GatewayConfig
+        from core.rollout import start_rollout_stack
         from core.tokenizer import load_tokenizer
-        from core.trainer.rollouts import start_rollout_stack
 
         cfg = tracerl_config_of(args)
         tokenizer = load_tokenizer(

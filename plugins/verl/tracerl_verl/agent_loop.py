@@ -104,7 +104,7 @@ class WorkerHost:
         from omegaconf import OmegaConf
 
         from core.gateway import Gateway, GatewayConfig
-        from core.trainer.rollouts import start_rollout_stack
+        from core.rollout import start_rollout_stack
 
         cfg = OmegaConf.load(loop.tracerl_config)
         rollout = loop.rollout_config
@@ -231,7 +231,7 @@ def rollout_outputs(
 
     Args:
         outcome: ``request``, ``result`` and ``rows`` of the rollout
-            (``core.trainer.rollouts.RolloutOutcome`` or anything shaped like it).
+            (``core.rollout.RolloutOutcome`` or anything shaped like it).
         prompt_length: verl's ``rollout.prompt_length``.
         response_length: verl's ``rollout.response_length``.
         exclude_failed: ``algorithm.exclude_failed``: with False a failed rollout (any

@@ -55,7 +55,7 @@ def _write_tiny_model(cfg: Any, out: Path) -> str:
 
 def prepare_launch(cfg: Any) -> LaunchPaths:
     """Write data, configs and (for ``tiny``) the model; return where they are."""
-    from core.trainer.loop import prepare_data
+    from core.rollout import prepare_data
     from tracerl_verl.data import write_verl_dataset
 
     run_dir = Path(str(cfg.run_dir)).resolve()

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.trainer.metrics import read_metrics
+from core.rundir.metrics import read_metrics
 
 _W, _H, _PAD = 640, 260, 36
 

@@ -1,17 +1,21 @@
-"""Data sets of payloads and a resumable, seeded order over them.
+"""Data sets of payloads, a resumable, seeded order over them, and a task's data.
 
 A data set is JSONL (one object per line with a ``payload`` object) or
 Parquet (a ``payload`` column holding structs or JSON strings). Each payload
-is forwarded to the agent as is.
+is forwarded to the agent as is. ``prepare_data`` gives a task's train and eval
+payloads (core's loop, ``python -m core.eval``, verl and slime all start from it).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from core.errors import ConfigError
 
@@ -108,3 +112,31 @@ class DataOrder:
                 "resume with the same data and seed, or start a new run_dir"
             )
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+
+
+def _import_attr(spec: str, what: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} must look like 'package.module:function', got {spec!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{what} {spec!r} cannot be imported: {exc}") from exc
+
+
+def prepare_data(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train and eval payloads; a task with a generator writes them into the run directory."""
+    task = cfg.task
+    train_path, eval_path = str(task.train_path), str(task.eval_path)
+    if not train_path:
+        if not task.generator:
+            raise ConfigError("set task.train_path (JSONL or Parquet with a 'payload' field)")
+        generate = _import_attr(str(task.generator), "task.generator")
+        train_path = str(run_dir / "data" / "train.jsonl")
+        eval_path = eval_path or str(run_dir / "data" / "eval.jsonl")
+        if not Path(train_path).exists():
+            kwargs = OmegaConf.to_container(task.generator_kwargs, resolve=True)
+            generate(train_path, eval_path, seed=int(cfg.seed), **kwargs)  # type: ignore[arg-type]
+    train = load_payloads(train_path)
+    evals = load_payloads(eval_path) if eval_path else []
+    return train, evals
