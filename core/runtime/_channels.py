@@ -3,13 +3,15 @@
 Defines:
 
 - ``AgentFault``: an agent-side failure carrying the ``RolloutStatus`` it maps to.
+- ``Polling`` and ``follow_invocation``: the start/get polling loop, shared with
+  the agentcore runtime's channels (only the transport of a get differs).
 - ``HttpChannel``: the start/get protocol over ``POST /invocations``; long-polls
   (``wait_s``) and cancels when the server is a ``core.agent.AgentApp``, plain
   polling with backoff for other servers of the protocol.
 - ``S3Channel``: agentcore-rl-toolkit's ``AgentCoreRLApp`` contract: fire with
   ``_rollout`` S3 fields, poll the result object with boto3 (imported lazily).
 - ``check_result_key``: both S3 channels read the key the trainer chose, never
-  one an agent names.
+  one an agent names; ``read_json_object`` reads that result.
 
 A channel returns the handler's output dict; mapping it to a reward is
 ``core.runtime._results``' job.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +43,9 @@ from core.types import RolloutStatus
 
 LONG_POLL_S = 10.0
 """Longest single ``get`` wait; short enough that a dead connection shows up fast."""
+
+MISSING_OBJECT_CODES = ("404", "NoSuchKey", "NotFound")
+"""S3 error codes of a result object not written yet (keep polling)."""
 
 
 class AgentFault(Exception):
@@ -68,6 +74,93 @@ class Invocation:
     """GRPO group (the toolkit's ``input_id``)."""
     remote_id: str = ""
     """The agent's own id for the invocation when it can be cancelled (S3 channel)."""
+
+
+@dataclass(frozen=True)
+class Polling:
+    """Backoff of result polls."""
+
+    initial_s: float = 0.5
+    """First wait."""
+    max_s: float = 10.0
+    """Longest wait."""
+    factor: float = 1.5
+    """Growth per poll."""
+
+    def next(self, delay: float) -> float:
+        """The wait after ``delay``."""
+        return min(delay * self.factor, self.max_s)
+
+
+def _is_state_of(reply: Any, invocation_id: str) -> bool:
+    """True when ``reply`` is the start/get state of that invocation (not a handler's output)."""
+    return isinstance(reply, dict) and reply.get("invocation_id") == invocation_id
+
+
+async def follow_invocation(
+    state: Any,
+    invocation_id: str,
+    get: Callable[[InvocationOp], Awaitable[Any]],
+    *,
+    polling: Polling,
+    long_poll_s: Callable[[], float] | None,
+    lost: str,
+) -> Any:
+    """The handler's output, once the invocation whose start answered ``state`` completes.
+
+    A reply that is not the invocation's state comes from a server without the
+    start/get protocol: it is the output itself. A server that marks its replies
+    (``core.agent``) is long-polled, each get waiting ``long_poll_s()``; others
+    (and every server when ``long_poll_s`` is None) are polled with ``polling``'s
+    backoff. ``get`` sends one get and returns the reply.
+
+    Args:
+        lost: The error when the invocation is gone; ``{state}`` stands for its last state.
+
+    Raises:
+        AgentFault: ``CRASHED``: a get answered with no state, the handler failed,
+            or the invocation was lost.
+    """
+    if not _is_state_of(state, invocation_id):
+        return state
+    ours = bool(state.get(SERVER_MARKER))
+    delay = polling.initial_s
+    while state.get("status") == "in_progress":
+        if ours and long_poll_s is not None:
+            op = InvocationOp("get", invocation_id, wait_s=long_poll_s())
+        else:
+            await asyncio.sleep(delay)
+            delay = polling.next(delay)
+            op = InvocationOp("get", invocation_id)
+        state = await get(op)
+        if not isinstance(state, dict):
+            raise AgentFault(
+                RolloutStatus.CRASHED, f"the agent answered a get with {state!r:.300}, not a state"
+            )
+    status = state.get("status")
+    if status != "completed":
+        raise AgentFault(RolloutStatus.CRASHED, lost.format(state=repr(status)))
+    if "error" in state:
+        raise AgentFault(RolloutStatus.CRASHED, str(state["error"]))
+    return state.get("result")
+
+
+async def read_json_object(
+    call: Callable[..., Awaitable[Any]], s3: Any, bucket: str, key: str
+) -> Any:
+    """The JSON result object at ``s3://bucket/key``, read through ``call`` (an executor).
+
+    Raises:
+        AgentFault: ``CRASHED``: the object is not JSON.
+    """
+    obj = await call(s3.get_object, Bucket=bucket, Key=key)
+    body = await call(obj["Body"].read)
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise AgentFault(
+            RolloutStatus.CRASHED, f"s3://{bucket}/{key} is not JSON: {body[:200]!r}"
+        ) from exc
 
 
 def _check_reply(r: httpx.Response | FastResponse, what: str) -> Any:
@@ -116,8 +209,7 @@ class HttpChannel:
         self, client: HTTPClient, *, poll_interval_s: float = 0.05, max_poll_s: float = 1.0
     ) -> None:
         self.client = client
-        self.poll_interval_s = poll_interval_s
-        self.max_poll_s = max_poll_s
+        self.polling = Polling(poll_interval_s, max_poll_s, 1.5)
 
     async def _post(
         self, inv: Invocation, body: dict[str, Any], timeout: float
@@ -153,30 +245,22 @@ class HttpChannel:
             ),
             "start request",
         )
-        if not isinstance(state, dict) or state.get("invocation_id") != inv.invocation_id:
-            return state  # a server without the protocol answered with the output itself
-        ours = bool(state.get(SERVER_MARKER))
-        inv.proc.speaks_tracerl = ours
-        delay = self.poll_interval_s
-        while state.get("status") == "in_progress":
-            if ours:
-                op = InvocationOp("get", inv.invocation_id, wait_s=LONG_POLL_S)
-            else:
-                await asyncio.sleep(delay)
-                delay = min(delay * 1.5, self.max_poll_s)
-                op = InvocationOp("get", inv.invocation_id)
+        if _is_state_of(state, inv.invocation_id):
+            inv.proc.speaks_tracerl = bool(state.get(SERVER_MARKER))
+
+        async def get(op: InvocationOp) -> Any:
             r = await self._post(inv, {ENVELOPE_KEY: op.to_envelope()}, LONG_POLL_S + 30.0)
-            state = _check_reply(r, "get request")
-        status = state.get("status")
-        if status != "completed":
-            raise AgentFault(
-                RolloutStatus.CRASHED,
-                f"the agent process lost the invocation (state {status!r}): it was restarted "
-                "or crashed mid-rollout",
-            )
-        if "error" in state:
-            raise AgentFault(RolloutStatus.CRASHED, str(state["error"]))
-        return state.get("result")
+            return _check_reply(r, "get request")
+
+        return await follow_invocation(
+            state,
+            inv.invocation_id,
+            get,
+            polling=self.polling,
+            long_poll_s=lambda: LONG_POLL_S,
+            lost="the agent process lost the invocation (state {state}): it was restarted "
+            "or crashed mid-rollout",
+        )
 
     async def cancel(self, inv: Invocation) -> None:
         """Ask the agent to cancel the invocation; best effort, errors ignored."""
@@ -258,7 +342,7 @@ class S3Channel:
                 break
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", ""))
-                if code not in ("404", "NoSuchKey", "NotFound"):
+                if code not in MISSING_OBJECT_CODES:
                     raise AgentFault(
                         RolloutStatus.CRASHED, f"S3 head_object {key!r} failed: {exc}"
                     ) from exc
@@ -269,14 +353,7 @@ class S3Channel:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, self.max_poll_s)
-        obj = await self._call(s3.get_object, Bucket=self.bucket, Key=key)
-        body = await self._call(obj["Body"].read)
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise AgentFault(
-                RolloutStatus.CRASHED, f"s3://{self.bucket}/{key} is not JSON: {body[:200]!r}"
-            ) from exc
+        return await read_json_object(self._call, s3, self.bucket, key)
 
     async def cancel(self, inv: Invocation) -> None:
         """Cancel a ``core.agent`` invocation by its id; the toolkit's app has no cancel (best effort)."""

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -28,9 +28,13 @@ from core.http import FastClient
 from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
 from core.runtime._process import AgentProcess
 from core.runtime._results import failed, result_from_output
+from core.runtime._run_config import agent_app, check_agent_ref
 from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import LocalRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 logger = logging.getLogger("core.runtime.local")
 
@@ -77,11 +81,7 @@ class LocalRuntime(RuntimeBase):
                 f"known: {sorted(_config_field_names())!r}"
             )
         self.config = dataclasses.replace(config or LocalRuntimeConfig(), **overrides)
-        module, sep, attr = agent.partition(":")
-        if not sep or not module or not attr:
-            raise ConfigError(
-                f"the agent must be 'module:attribute' (e.g. 'examples.math_agent.agent:app'), got {agent!r}"
-            )
+        check_agent_ref(agent)
         c = self.config
         if c.num_processes < 1 or c.max_concurrency < 1:
             raise ConfigError(
@@ -104,25 +104,20 @@ class LocalRuntime(RuntimeBase):
         self._sem = asyncio.Semaphore(c.max_concurrency)
 
     @classmethod
-    def from_config(cls, cfg: Any, *, node: Any = None) -> LocalRuntime:
+    def from_config(cls, cfg: DictConfig, *, node: DictConfig | None = None) -> LocalRuntime:
         """Build from the composed Hydra config (``cfg.runtime``, ``cfg.task.agent``, ``cfg.task.agent_env``).
 
         Args:
-            cfg: The composed run config.
+            cfg: The composed run config (``core.config.TrainConfig``).
             node: The runtime settings to read instead of ``cfg.runtime``: a plugin
-                that wraps this runtime passes its own node. Only the
-                ``LocalRuntimeConfig`` fields are read; a wrapper's extra fields
-                (and ``name``) are left to the wrapper.
+                that wraps this runtime passes its own node (a ``LocalRuntimeConfig``
+                subclass). Only the ``LocalRuntimeConfig`` fields are read; a
+                wrapper's extra fields (and ``name``) are left to the wrapper.
         """
-        agent = str(cfg.task.agent or "")
-        if not agent:
-            raise ConfigError(
-                "task.agent is empty; set it to the agent app, e.g. task.agent=my_agent:app"
-            )
+        agent, env = agent_app(cfg)
         names = _config_field_names() - {"name"}
         settings = cfg.runtime if node is None else node
         values = {k: settings[k] for k in names if k in settings}
-        env = {str(k): str(v) for k, v in dict(cfg.task.get("agent_env") or {}).items()}
         return cls(agent, config=LocalRuntimeConfig(**values), env=env)
 
     # -- lifecycle --------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.plugins.hookspecs import hookimpl
 from core.plugins.registry import RuntimeRegistry, RuntimeSpec
@@ -10,21 +10,30 @@ from core.runtime.agentcore.config import AgentCoreRuntimeConfig
 from core.runtime.config import LocalRuntimeConfig
 from core.runtime.ray.config import RayRuntimeConfig
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
-def _make_local(cfg: Any) -> Any:
+    from core.runtime.agentcore.runtime import AgentCoreRuntime
+    from core.runtime.local import LocalRuntime
+    from core.runtime.ray.runtime import RayRuntime
+
+# Each factory gets the composed run config (``core.config.TrainConfig``, as Hydra's DictConfig).
+
+
+def _make_local(cfg: DictConfig) -> LocalRuntime:
     from core.runtime.local import LocalRuntime
 
     return LocalRuntime.from_config(cfg)
 
 
-def _make_agentcore(cfg: Any) -> Any:
+def _make_agentcore(cfg: DictConfig) -> AgentCoreRuntime:
     # Lazy: the runtime imports boto3 when it starts; core must import without it.
     from core.runtime.agentcore.runtime import AgentCoreRuntime
 
     return AgentCoreRuntime.from_config(cfg)
 
 
-def _make_ray(cfg: Any) -> Any:
+def _make_ray(cfg: DictConfig) -> RayRuntime:
     # Lazy: ray is an optional extra (tracerl[ray]); core must import without it.
     from core.runtime.ray.runtime import RayRuntime
 

@@ -1,31 +1,32 @@
 """How one rollout's result comes back from an AgentCore session.
 
-Defines ``AcrSession`` (what a channel needs for one rollout), ``AgentFault``,
+Defines ``AcrSession`` (what a channel needs for one rollout),
 ``HttpResultChannel`` (start/get invocations through InvokeAgentRuntime, the
 ``AgentCoreRuntimeApp`` contract) and ``S3ResultChannel`` (fire with ``_rollout``
 S3 fields, then HEAD/GET-poll the object, the ``AgentCoreRLApp`` contract).
 
 A channel returns the handler's output dict; turning it into a reward is
-``core.runtime._results``' job, shared with the local runtime.
+``core.runtime._results``' job, shared with the local runtime. The start/get
+polling loop and the result read are ``core.runtime._channels``', shared too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from core.agent._protocol import (
-    ENVELOPE_KEY,
-    ROLLOUT_KEY,
-    SERVER_MARKER,
-    InvocationOp,
-    s3_result_key,
+from core.agent._protocol import ENVELOPE_KEY, ROLLOUT_KEY, InvocationOp, s3_result_key
+from core.runtime._channels import (
+    MISSING_OBJECT_CODES,
+    AgentFault,
+    Polling,
+    check_result_key,
+    follow_invocation,
+    read_json_object,
 )
-from core.runtime._channels import AgentFault, check_result_key
 from core.runtime.agentcore._client import AcrClient
 from core.types import RolloutStatus
 
@@ -44,22 +45,6 @@ class AcrSession:
     """GRPO group; the toolkit's ``input_id``."""
     deadline: float
     """``time.monotonic()`` by which the rollout must be done."""
-
-
-@dataclass(frozen=True)
-class Polling:
-    """Backoff of result polls."""
-
-    initial_s: float = 0.5
-    """First wait."""
-    max_s: float = 10.0
-    """Longest wait."""
-    factor: float = 1.5
-    """Growth per poll."""
-
-    def next(self, delay: float) -> float:
-        """The wait after ``delay``."""
-        return min(delay * self.factor, self.max_s)
 
 
 class HttpResultChannel:
@@ -86,35 +71,24 @@ class HttpResultChannel:
         state = await self.acr.invoke(
             s.runtime_session_id, {**s.payload, ENVELOPE_KEY: start.to_envelope()}, deadline=s.deadline
         )
-        if not isinstance(state, dict) or state.get("invocation_id") != s.invocation_id:
-            return state  # an app without the protocol answered with its output
-        ours = bool(state.get(SERVER_MARKER))
-        delay = self.polling.initial_s
-        while state.get("status") == "in_progress":
-            if ours and self.wait_s > 0:
-                left = s.deadline - time.monotonic()
-                op = InvocationOp("get", s.invocation_id, wait_s=max(0.0, min(self.wait_s, left)))
-            else:
-                await asyncio.sleep(delay)
-                delay = self.polling.next(delay)
-                op = InvocationOp("get", s.invocation_id)
-            state = await self.acr.invoke(
+
+        async def get(op: InvocationOp) -> Any:
+            return await self.acr.invoke(
                 s.runtime_session_id, {ENVELOPE_KEY: op.to_envelope()}, deadline=s.deadline
             )
-            if not isinstance(state, dict):
-                raise AgentFault(
-                    RolloutStatus.CRASHED, f"the agent answered a get with {state!r:.300}, not a state"
-                )
-        status = state.get("status")
-        if status != "completed":
-            raise AgentFault(
-                RolloutStatus.CRASHED,
-                f"the session lost the invocation (state {status!r}): its microVM was replaced or "
-                "the agent process restarted mid-rollout",
-            )
-        if "error" in state:
-            raise AgentFault(RolloutStatus.CRASHED, str(state["error"]))
-        return state.get("result")
+
+        def long_poll_s() -> float:
+            return max(0.0, min(self.wait_s, s.deadline - time.monotonic()))
+
+        return await follow_invocation(
+            state,
+            s.invocation_id,
+            get,
+            polling=self.polling,
+            long_poll_s=long_poll_s if self.wait_s > 0 else None,
+            lost="the session lost the invocation (state {state}): its microVM was replaced or "
+            "the agent process restarted mid-rollout",
+        )
 
 
 class S3ResultChannel:
@@ -204,20 +178,13 @@ class S3ResultChannel:
                         "a missing object answers 403, not 404: grant the trainer s3:GetObject and "
                         "s3:ListBucket on the bucket",
                     ) from exc
-                if code not in ("404", "NoSuchKey", "NotFound"):
+                if code not in MISSING_OBJECT_CODES:
                     raise AgentFault(
                         RolloutStatus.CRASHED, f"S3 HEAD s3://{self.bucket}/{key} failed: {exc}"
                     ) from exc
             await asyncio.sleep(max(0.0, min(delay, s.deadline - time.monotonic())))
             delay = self.polling.next(delay)
-        obj = await self._call(self._s3.get_object, Bucket=self.bucket, Key=key)
-        body = await self._call(obj["Body"].read)
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise AgentFault(
-                RolloutStatus.CRASHED, f"s3://{self.bucket}/{key} is not JSON: {body[:200]!r}"
-            ) from exc
+        return await read_json_object(self._call, self._s3, self.bucket, key)
 
     def close(self) -> None:
         """Release the polling threads and the S3 client."""

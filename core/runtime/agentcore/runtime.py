@@ -20,18 +20,14 @@ import hashlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from core.errors import ConfigError, RuntimeStartError
-from core.runtime._channels import AgentFault
+from core.runtime._channels import AgentFault, Polling
 from core.runtime._results import failed, result_from_output
-from core.runtime.agentcore._channels import (
-    AcrSession,
-    HttpResultChannel,
-    Polling,
-    S3ResultChannel,
-)
+from core.runtime._run_config import advertised_gateway_host
+from core.runtime.agentcore._channels import AcrSession, HttpResultChannel, S3ResultChannel
 from core.runtime.agentcore._client import THROTTLE_CODES, AcrCallError, AcrClient
 from core.runtime.agentcore._limiter import TpsLimiter
 from core.runtime.agentcore._preflight import (
@@ -41,6 +37,9 @@ from core.runtime.agentcore._preflight import (
 from core.runtime.agentcore.config import AgentCoreRuntimeConfig, parse_runtime_arn
 from core.runtime.base import RolloutClock, RuntimeBase
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 logger = logging.getLogger("core.runtime.agentcore")
 
@@ -99,16 +98,13 @@ class AgentCoreRuntime(RuntimeBase):
         """Session stops under way (they outlive a cancelled rollout; ``aclose`` waits for them)."""
 
     @classmethod
-    def from_config(cls, cfg: Any) -> AgentCoreRuntime:
-        """Build from the composed config: ``cfg.runtime`` plus the advertised ``cfg.gateway`` host."""
+    def from_config(cls, cfg: DictConfig) -> AgentCoreRuntime:
+        """Build from the composed config (``core.config.TrainConfig``): ``cfg.runtime`` plus
+        the advertised ``cfg.gateway`` host."""
         names = {f.name for f in dataclasses.fields(AgentCoreRuntimeConfig)}
         node = cfg.runtime
         values = {k: node[k] for k in names if k in node}
-        gateway = cfg.get("gateway") if hasattr(cfg, "get") else None
-        host = ""
-        if gateway is not None:
-            host = str(gateway.get("public_host") or gateway.get("host") or "")
-        return cls(AgentCoreRuntimeConfig(**values), gateway_host=host)
+        return cls(AgentCoreRuntimeConfig(**values), gateway_host=advertised_gateway_host(cfg))
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -19,15 +19,19 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime._results import failed
+from core.runtime._run_config import advertised_gateway_host, agent_app, check_agent_ref
 from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import AgentServerSettings, LocalRuntimeConfig
 from core.runtime.ray._preflight import check_gateway_reachable
 from core.runtime.ray.config import RayRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 logger = logging.getLogger("core.runtime.ray")
 
@@ -107,11 +111,7 @@ class RayRuntime(RuntimeBase):
         if unknown:
             raise ConfigError(f"unknown RayRuntime settings {sorted(unknown)!r}; known: {sorted(known)!r}")
         self.config = dataclasses.replace(config or RayRuntimeConfig(), **overrides)
-        module, sep, attr = agent.partition(":")
-        if not sep or not module or not attr:
-            raise ConfigError(
-                f"the agent must be 'module:attribute' (e.g. 'examples.math_agent.agent:app'), got {agent!r}"
-            )
+        check_agent_ref(agent)
         self._validate()
         self.agent = agent
         self.env = dict(env or {})
@@ -150,13 +150,10 @@ class RayRuntime(RuntimeBase):
             raise ConfigError("runtime.result_channel=s3 needs runtime.s3_bucket")
 
     @classmethod
-    def from_config(cls, cfg: Any) -> RayRuntime:
-        """Build from the composed config: ``cfg.runtime``, ``cfg.task.agent``/``agent_env``, ``cfg.gateway``."""
-        agent = str(cfg.task.agent or "")
-        if not agent:
-            raise ConfigError(
-                "task.agent is empty; set it to the agent app, e.g. task.agent=my_agent:app"
-            )
+    def from_config(cls, cfg: DictConfig) -> RayRuntime:
+        """Build from the composed config (``core.config.TrainConfig``): ``cfg.runtime``,
+        ``cfg.task.agent``/``agent_env``, ``cfg.gateway``."""
+        agent, env = agent_app(cfg)
         from omegaconf import OmegaConf
 
         names = {f.name for f in dataclasses.fields(RayRuntimeConfig)}
@@ -165,9 +162,7 @@ class RayRuntime(RuntimeBase):
         for key in ("resources_per_agent", "label_selector", "runtime_env"):
             if key in values and not isinstance(values[key], dict):
                 values[key] = OmegaConf.to_container(values[key], resolve=True)
-        env = {str(k): str(v) for k, v in dict(cfg.task.get("agent_env") or {}).items()}
-        gateway = cfg.get("gateway") if hasattr(cfg, "get") else None
-        host = str(gateway.get("public_host") or gateway.get("host") or "") if gateway is not None else ""
+        host = advertised_gateway_host(cfg)
         return cls(agent, config=RayRuntimeConfig(**values), env=env, gateway_host=host)
 
     # -- lifecycle --------------------------------------------------------------------
