@@ -86,7 +86,7 @@ class AlgorithmConfig:
     """Loss passed to ``forward_backward``: cross_entropy, importance_sampling, ppo or cispo."""
     loss_config: dict[str, float] = field(default_factory=dict)
     """Loss settings forwarded to the backend; empty means each loss's own clip range
-    (``core.backends_common.CLIP_DEFAULTS``: ppo 0.2/0.2, cispo upper side only)."""
+    (``core.algo.losses.CLIP_DEFAULTS``: ppo 0.2/0.2, cispo upper side only)."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group's standard deviation."""
     exclude_failed: bool = True

@@ -36,7 +36,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from core.algo.advantages import STD_KINDS
-from core.backends_common import parse_loss_spec
+from core.algo.losses import parse_loss_spec
 from core.errors import ConfigError, RunAborted
 from core.eval.run import eval_metrics, run_eval
 from core.gateway.config import GatewayConfig

@@ -1,4 +1,4 @@
-"""``core.backends_common.remote_loss``: core's loss settings as Tinker and SageMaker take them.
+"""``core.algo.losses.remote_loss``: core's loss settings as Tinker and SageMaker take them.
 
 The remote services clip with ratio bounds and cannot apply every setting
 core's loop sends, so these tests pin the translation and every refusal
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from core.backends_common import CLIP_DEFAULTS, check_algorithm, remote_loss
+from core.algo.losses import CLIP_DEFAULTS, check_algorithm, remote_loss
 from core.errors import ConfigError
 from core.trainer.config import AlgorithmConfig
 
@@ -118,7 +118,7 @@ def test_check_algorithm_sees_what_the_loop_sends() -> None:
 
 def test_one_parser_checks_loss_config_for_every_backend() -> None:
     """``parse_loss_spec`` is what local, Tinker, SageMaker, verl, slime and the loop all call."""
-    from core.backends_common import parse_loss_spec
+    from core.algo.losses import parse_loss_spec
 
     spec = parse_loss_spec("cispo", {"clip_high_threshold": 1.28}, backend="b", hint="h")
     assert (spec.clip_low, spec.clip_high) == pytest.approx((1.0, 0.28))  # one-sided by default

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.backends_common import CLIPPED_LOSSES, parse_loss_spec
+from core.algo.losses import CLIPPED_LOSSES, parse_loss_spec
 from core.errors import ConfigError
 
 LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")

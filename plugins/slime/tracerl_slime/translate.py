@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from core.backends_common import parse_loss_spec
+from core.algo.losses import parse_loss_spec
 from core.errors import ConfigError
 from tracerl_slime.rewards import STD_KINDS
 

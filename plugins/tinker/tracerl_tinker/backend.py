@@ -29,20 +29,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from core.backends_common import (
-    SamplerSlot,
-    await_result,
-    call_blocking,
-    cfg_get,
+from core.algo.losses import (
     check_algorithm,
     check_loss_fn,
     loss_inputs,
     masked_advantages,
-    missing_keys_error,
     remote_loss,
 )
+from core.config_nodes import cfg_get
 from core.errors import ConfigError, TrainingError
 from core.interfaces import LossName
+from core.remote_sdk import SamplerSlot, await_result, call_blocking, missing_keys_error
 from core.types import AdamParams, Datum, ForwardBackwardResult
 from tracerl_tinker.sampler import TinkerSampler
 

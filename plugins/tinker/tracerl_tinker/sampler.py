@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from core.backends_common import SamplerSlot, await_result, finish_reason
 from core.errors import SamplerError
+from core.remote_sdk import SamplerSlot, await_result, finish_reason
 from core.types import SampleResult, SamplingParams
 
 

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from core.backends_common import parse_loss_spec
+from core.algo.losses import parse_loss_spec
 from core.errors import ConfigError
 from tracerl_verl.advantages import EPS, ESTIMATORS, STD_KINDS
 
