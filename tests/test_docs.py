@@ -78,3 +78,35 @@ def test_readme_is_a_newcomers_page() -> None:
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
         assert (ROOT / image).is_file() and (ROOT / image).stat().st_size < 300_000, image
     assert "docs/performance.md" in readme
+
+
+def _doc_pages() -> list[Path]:
+    """README and the guides (docs/research/ cites other repositories' paths, so it is left out)."""
+    pages = [ROOT / "README.md", ROOT / "examples" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return pages + sorted((ROOT / "docs" / "backends").glob("*.md"))
+
+
+def _module_file(parts: list[str]) -> tuple[Path, list[str]] | None:
+    """The longest prefix of a dotted name that is a module of this checkout, and the rest."""
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:i])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate, parts[i:]
+    return None
+
+
+def test_paths_and_modules_the_docs_name_exist() -> None:
+    """Code moves; the pages that name a path (`core/rollout/`) or a module (`core.gateway.app._loads`)
+    must move with it. Python examples are left out: they show a plugin author's own files."""
+    missing = []
+    for page in _doc_pages():
+        text = re.sub(r"```python\n.*?```", "", page.read_text(), flags=re.DOTALL)
+        for path in re.findall(r"(?<![\w./-])((?:core|plugins|tests|benchmarks|examples|scripts)/[\w./<>-]*\w)", text):
+            if "<" not in path and not (ROOT / path).exists():  # `<model>`: a placeholder
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+        for dotted in re.findall(r"(?<![\w./-])(core(?:\.\w+)+)", text):
+            found = _module_file(dotted.split("."))
+            if found is None or (found[1] and not re.search(rf"\b{found[1][0]}\b", found[0].read_text())):
+                missing.append(f"{page.relative_to(ROOT)}: {dotted}")
+    assert not missing, "\n".join(missing)
