@@ -15,6 +15,7 @@ from core.gateway.app import build_app
 from core.gateway.config import GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.server import GatewayServer
-from core.gateway.service import Gateway, TurnRequest, TurnResult
+from core.gateway.service import Gateway
+from core.gateway.turn import TurnRequest, TurnResult
 
 __all__ = ["Gateway", "GatewayConfig", "GatewayError", "GatewayServer", "TurnRequest", "TurnResult", "build_app"]

@@ -24,9 +24,9 @@ from core.gateway.fields import (
 )
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
 from core.gateway.reasoning_switches import AS_IS, Reasoning, anthropic_thinking
-from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.strict import strict_schemas
 from core.gateway.toolchoice import anthropic_tool_choice
+from core.gateway.turn import TurnRequest, TurnResult
 from core.types import FinishReason
 
 __all__ = ["messages_response", "messages_stream_events", "parse_count_request", "parse_messages_request"]

@@ -68,7 +68,8 @@ from core.gateway.responses_api import (
 )
 
 if TYPE_CHECKING:
-    from core.gateway.service import Gateway, TurnResult
+    from core.gateway.service import Gateway
+    from core.gateway.turn import TurnResult
 
 __all__ = ["build_app"]
 

@@ -25,10 +25,10 @@ from core.gateway.fields import (
 )
 from core.gateway.messages import openai_tools, openai_units
 from core.gateway.reasoning_switches import AS_IS, Reasoning, openai_reasoning, template_kwargs
-from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.strict import strict_schemas
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import openai_tool_choice
+from core.gateway.turn import TurnRequest, TurnResult
 from core.types import FinishReason
 
 __all__ = ["chat_response", "chat_stream_events", "parse_chat_request"]

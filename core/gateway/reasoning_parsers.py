@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from core.gateway.harmony import split_harmony
 
-__all__ = ["REASONING_PARSERS", "get_reasoning_parser", "prompt_opens_think", "split_think"]
+__all__ = ["REASONING_PARSERS", "ReasoningParser", "get_reasoning_parser", "prompt_opens_think", "split_think"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -34,11 +34,11 @@ from core.gateway.messages import raws_of
 from core.gateway.reasoning_switches import AS_IS, Reasoning, openai_reasoning
 from core.gateway.responses_items import group_items, item_units, responses_tools
 from core.gateway.safejson import lone_surrogate
-from core.gateway.service import TurnRequest, TurnResult
 from core.gateway.session import Session
 from core.gateway.strict import strict_schemas
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import ToolChoice, openai_tool_choice
+from core.gateway.turn import TurnRequest, TurnResult
 from core.types import FinishReason
 
 __all__ = [

@@ -16,7 +16,7 @@ import pytest
 
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
-from core.gateway.service import TurnRequest
+from core.gateway.turn import TurnRequest
 from core.samplers import HttpSamplerConfig, ScriptedSampler, build_http_sampler
 from core.testing.tokenizers import EOM, EOS, EOT, build_llama3_style_tokenizer
 from core.tokenizer import build_tiny_tokenizer, end_of_turn_ids

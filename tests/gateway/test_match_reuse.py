@@ -24,7 +24,7 @@ import pytest
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.app import _loads
 from core.gateway.messages import Unit, Units, openai_units
-from core.gateway.service import TurnRequest
+from core.gateway.turn import TurnRequest
 from core.samplers import ScriptedSampler, encode_reply
 from core.types import SamplingParams
 from tests.gateway.test_trace_properties import Agent, RecordingSampler
@@ -34,7 +34,7 @@ def _run(tok: Any, seed: int, reuse: bool) -> list[Any]:
     rnd = random.Random(seed)
     sampler = RecordingSampler(tok, rnd)
     gw = Gateway(tokenizer=tok, sampler=sampler, config=GatewayConfig())
-    gw._reuse_matches = reuse
+    gw.prompts._reuse_matches = reuse
 
     async def go() -> list[str]:
         agents = []
@@ -175,7 +175,7 @@ def _branchy_linear_session(tok: Any, reuse: bool) -> tuple[list[Any], dict[str,
         sampler=ScriptedSampler(default=encode_reply(tok, "ok"), tokenizer=tok, record_calls=False, delay_s=0.001),
         config=GatewayConfig(max_context_tokens=0),
     )
-    gw._reuse_matches = reuse
+    gw.prompts._reuse_matches = reuse
     sid = gw.create_session(history_mode="linear")
     h = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
 

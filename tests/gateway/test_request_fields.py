@@ -17,7 +17,7 @@ import pytest
 
 from core.gateway.app import TOOL_CHOICE_HEADER
 from core.gateway.reasoning_switches import template_reasoning
-from core.gateway.service import call_seed, turn_seed
+from core.gateway.sampling import call_seed, turn_seed
 from core.gateway.tokentext import TokenText, _byte_table
 from core.samplers.scripted import fake_logprob
 from core.types import SamplingParams

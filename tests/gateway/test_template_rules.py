@@ -16,7 +16,7 @@ import pytest
 from core.errors import ConfigError
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
-from core.gateway.service import TurnRequest
+from core.gateway.turn import TurnRequest
 from core.samplers import ScriptedSampler, encode_reply
 from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer
 from core.types import SamplingParams
@@ -71,11 +71,11 @@ def test_large_tool_call_arguments_in_the_tail_render_off_the_event_loop() -> No
         history.append({"role": "user", "content": "call it"})
         history.append({"role": "assistant", "content": "", "tool_calls": [call]})
         history.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
-        assert gw._render_pool is None  # turn 1 rendered inline
+        assert gw.prompts._render_pool is None  # turn 1 rendered inline
         await gw.run_turn(sid, TurnRequest(units=openai_units(history)))
 
     asyncio.run(go())
-    assert gw._render_pool is not None
+    assert gw.prompts._render_pool is not None
 
 
 @pytest.mark.parametrize("key", ["max_connections", "body_read_timeout_s", "max_turns_per_session"])
@@ -98,9 +98,9 @@ def test_stopping_the_server_stops_the_render_threads() -> None:
         async with GatewayServer(gw, host="127.0.0.1", port=0):
             sid = gw.create_session(sampling=SamplingParams(max_tokens=4))
             await gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "hi"}])))
-            assert gw._render_pool is not None
-            pool = gw._render_pool
-        assert gw._render_pool is None and pool._shutdown
+            assert gw.prompts._render_pool is not None
+            pool = gw.prompts._render_pool
+        assert gw.prompts._render_pool is None and pool._shutdown
 
     asyncio.run(go())
 

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from core.gateway import Gateway, GatewayConfig, GatewayError
 from core.gateway.messages import openai_units
-from core.gateway.service import TurnRequest
+from core.gateway.turn import TurnRequest
 from core.samplers.scripted import fake_logprob
 from core.types import FinishReason, SampleResult, SamplingParams
 

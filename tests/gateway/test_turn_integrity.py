@@ -18,7 +18,8 @@ import pytest
 
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
-from core.gateway.service import TurnRequest, turn_seed
+from core.gateway.sampling import turn_seed
+from core.gateway.turn import TurnRequest
 from core.samplers import ScriptedSampler, encode_reply
 from core.samplers.scripted import SamplerCall
 from core.types import FinishReason, SampleResult, SamplingParams

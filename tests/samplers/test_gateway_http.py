@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from core.gateway import Gateway, GatewayConfig, GatewayServer
-from core.gateway.service import turn_seed
+from core.gateway.sampling import turn_seed
 from core.samplers import HttpSamplerConfig, build_http_sampler
 from core.types import SamplingParams
 from tests.samplers.conftest import LocalServer

@@ -19,7 +19,7 @@ from core.errors import ConfigError, SamplerError
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.messages import openai_units
-from core.gateway.service import TurnRequest
+from core.gateway.turn import TurnRequest
 from core.rollout import RolloutRunner, classify
 from core.samplers import ScriptedSampler, encode_reply
 from core.types import (

@@ -22,7 +22,7 @@ from tracerl_local.sampler import LocalSampler
 
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
-from core.gateway.service import TurnRequest
+from core.gateway.turn import TurnRequest
 from core.testing.tokenizers import EOM, EOS, EOT, build_llama3_style_tokenizer
 from core.types import FinishReason, SamplingParams
 
