@@ -58,7 +58,7 @@ def _kill_during_checkpoint(tmp: Path) -> None:
             proc.kill()
             proc.communicate(timeout=30)
         # The agent processes notice the dead trainer and exit on their own
-        # (tests/runtime/test_orphans.py); don't leave one behind if that is slow.
+        # (tests/runtime/local/test_orphans.py); don't leave one behind if that is slow.
         for pid in agents:
             for _ in range(100):
                 if not Path(f"/proc/{pid}").exists():

@@ -296,7 +296,7 @@ def test_scaffolded_runtime_plugin_installs_and_passes_the_runtime_conformance_s
 ) -> None:
     """The distribution `new` writes installs, is found, and its own conformance test runs
     from its own folder. One test of the suite runs here (one runtime start): the pooled
-    runtime delegates to LocalRuntime, which tests/runtime/test_local_runtime_conformance.py
+    runtime delegates to LocalRuntime, which tests/runtime/local/test_local_runtime_conformance.py
     runs through the whole suite."""
     dist = venv_python.parents[2] / "tracerl-pooled"
     proc = _run(

@@ -13,7 +13,7 @@ from core.runtime.ray import RayRuntime
 from core.testing import CONFORMANCE_AGENT
 from core.testing.runtime_conformance import conformance_request
 from core.types import RolloutStatus
-from tests.runtime_ray.ray_test_cluster import alive
+from tests.runtime.ray.cluster.ray_test_cluster import alive
 
 pytestmark = pytest.mark.ray
 

@@ -31,7 +31,7 @@ from tests.faults.harness import (
     statuses,
     step_records,
 )
-from tests.runtime_ray.ray_test_cluster import NODE_ARGS, start_cluster, stop_cluster
+from tests.runtime.ray.cluster.ray_test_cluster import NODE_ARGS, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.ray
 

@@ -131,5 +131,5 @@ def test_the_printed_train_command_carries_dummy_credentials_and_a_small_batch()
     command = train_command("http://127.0.0.1:9000")
     assert command.startswith("AWS_ACCESS_KEY_ID=standin AWS_SECRET_ACCESS_KEY=standin python -m core.train")
     assert "trainer.batch_size=2 trainer.group_size=4 runtime.max_concurrency=8" in command
-    docs = (Path(__file__).parents[2] / "docs" / "agentcore.md").read_text()
+    docs = (Path(__file__).parents[3] / "docs" / "agentcore.md").read_text()
     assert train_command("http://127.0.0.1:9000") in " ".join(docs.replace("\\\n", " ").split())

@@ -21,7 +21,7 @@ from core.runtime.ray.runtime import ACTOR_PREFIX
 from core.testing import CONFORMANCE_AGENT, RuntimeConformance, build_runtime
 from core.testing.runtime_conformance import conformance_request
 from core.types import RolloutStatus
-from tests.runtime_ray.ray_test_cluster import agent_actor_states, agent_actors
+from tests.runtime.ray.cluster.ray_test_cluster import agent_actor_states, agent_actors
 
 pytestmark = pytest.mark.ray
 
@@ -193,7 +193,7 @@ def test_the_toy_task_trains_through_runtime_ray(ray_cluster: Cluster, tmp_path:
     assert {a["Address"]["NodeID"] for a in ran} == nodes
 
 
-AGENTS_DIR = Path(__file__).parent.parent / "runtime" / "agents"
+AGENTS_DIR = Path(__file__).parents[2] / "agents"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from core.types import RolloutRequest
 
-AGENTS_DIR = Path(__file__).parent / "agents"
+AGENTS_DIR = Path(__file__).parents[1] / "agents"
 
 
 def agent_env(**extra: str) -> dict[str, str]:

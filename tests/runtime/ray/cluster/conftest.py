@@ -3,7 +3,7 @@ them, so that ``python -m pytest`` (``-m 'not ... ray ...'``) never imports ray;
 module-scoped two-node loopback Ray cluster they share.
 
 The ``ray`` runtime's tests that need no cluster are in the main suite:
-``tests/runtime/test_ray_preflight.py`` and ``tests/runtime/test_ray_dispatch.py``.
+``tests/runtime/ray/test_ray_preflight.py`` and ``tests/runtime/ray/test_ray_dispatch.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def ray_cluster() -> Iterator[Cluster]:
     """Head and one worker node (two nodes, one CPU each; the worker labelled
     ``tracerl-pool=agents``), shared by the module's tests."""
-    from tests.runtime_ray.ray_test_cluster import start_cluster, stop_cluster
+    from tests.runtime.ray.cluster.ray_test_cluster import start_cluster, stop_cluster
 
     cluster = start_cluster(workers=1, labels={"tracerl-pool": "agents"})
     try:

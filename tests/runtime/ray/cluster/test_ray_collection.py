@@ -1,4 +1,4 @@
-"""``python -m pytest`` (the main suite) does not import ray, though ``tests/runtime_ray`` is
+"""``python -m pytest`` (the main suite) does not import ray, though ``tests/runtime/ray/cluster`` is
 among its test paths (marker ``ray``: this check costs a pytest collection, ~3 s of CPU)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[4]
 
 COLLECT = (
     "import sys, pytest\n"
@@ -28,13 +28,13 @@ def _collect(*args: str) -> str:
 
 
 def test_the_main_suite_collects_the_ray_folder_without_importing_ray() -> None:
-    out = _collect("tests/runtime_ray", "tests/runtime/test_ray_preflight.py", "tests/runtime/test_ray_dispatch.py")
+    out = _collect("tests/runtime/ray")
     assert "ray imported: False exit: 0" in out, out
-    assert "test_ray_dispatch.py::" in out and "tests/runtime_ray/" not in out, out
+    assert "test_ray_dispatch.py::" in out and "tests/runtime/ray/cluster/" not in out, out
 
 
 def test_marker_ray_collects_the_cluster_tests() -> None:
-    out = _collect("-m", "ray", "tests/runtime_ray")
+    out = _collect("-m", "ray", "tests/runtime/ray/cluster")
     assert "ray imported: True exit: 0" in out, out
     for module in ("test_ray_runtime.py", "test_ray_node_loss.py", "test_ray_private.py", "test_ray_collection.py"):
-        assert f"tests/runtime_ray/{module}::" in out, (module, out)
+        assert f"tests/runtime/ray/cluster/{module}::" in out, (module, out)

@@ -179,7 +179,7 @@ def test_every_config_key_is_documented() -> None:
     import dataclasses
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "docs" / "agentcore.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "agentcore.md").read_text()
     missing = [
         f.name for f in dataclasses.fields(AgentCoreRuntimeConfig) if f"| `{f.name}` |" not in text
     ]

@@ -4,7 +4,7 @@ The real ``RayRuntime`` code (``run_rollout``, its per-actor places, ``_probe``)
 against fake actor handles: ``handle.method.remote(...)`` returns an awaitable as a Ray
 ``ObjectRef`` does, and ``ready`` fails the way a recreating actor does. The fakes stand
 in for the Ray cluster at the actor-call edge; the cluster itself is tested under marker
-``ray`` (``tests/runtime_ray``).
+``ray`` (``tests/runtime/ray/cluster``).
 """
 
 from __future__ import annotations
