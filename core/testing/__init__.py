@@ -10,6 +10,8 @@ stays cheap and does not need pytest until a suite is used:
   backend or runtime inside a test, from the config ``python -m core.train`` composes.
 - ``datum_from_sample``: the datum core builds for a one-turn row.
 - ``core.testing.pytest_plugin``: fixtures, loaded with ``-p core.testing.pytest_plugin``.
+- ``core.testing.agentcore_standin``: a local stand-in for the AgentCore Runtime data
+  plane (``python -m core.testing.agentcore_standin my_agent:app``).
 """
 
 from __future__ import annotations
