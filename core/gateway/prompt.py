@@ -33,6 +33,7 @@ from core.gateway.render import (
     ChatRenderer,
     InvalidText,
     PromptTooLong,
+    ServedTurn,
     TailUnsupported,
     TemplateRefused,
 )
@@ -234,11 +235,12 @@ class PromptBuilder:
             try:
                 if reasoning and not req.units[gen].canon()[-1].get("reasoning_content"):
                     raise TailUnsupported("the client did not send the turn's reasoning back")
+                calls = tuple(c["function"]["name"] for c in path[gen].canon[-1].get("tool_calls") or ())
+                served = ServedTurn(parent.emitted_closer, reasoning=reasoning, calls=calls)
                 delta = await self.render(
-                    s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, parent.emitted_closer,
-                    limit=None if limit is None else limit - parent.end, already=parent.end, reasoning=reasoning,
+                    s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, served,
+                    limit=None if limit is None else limit - parent.end, already=parent.end,
                     keep=self.config.keep_reasoning,
-                    calls=[c["function"]["name"] for c in path[gen].canon[-1].get("tool_calls") or ()],
                 )
             except TailUnsupported:
                 s.counters["tail_fallbacks"] += 1

@@ -43,9 +43,10 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChatRenderer", "InvalidText", "PromptTooLong", "TailUnsupported", "TemplateRefused"]
+__all__ = ["ChatRenderer", "InvalidText", "PromptTooLong", "ServedTurn", "TailUnsupported", "TemplateRefused"]
 
 _ANCHOR_USER = "\u2063tracerl-anchor-user\u2063"
 _ANCHOR_ASSISTANT = "\u2063tracerl-anchor-assistant\u2063"
@@ -131,6 +132,23 @@ def _max_token_chars(tokenizer: Any, backend: Any, longest: int | None) -> int |
     except Exception:
         return None
     return longest if back == _PROBE else None
+
+
+@dataclass(frozen=True, slots=True)
+class ServedTurn:
+    """The generated assistant turn a continuation follows, as the model was served it."""
+
+    closer: str
+    """Text of the stop token the model ended its turn with (``"<|im_end|>"``), or ``""`` when
+    it was cut off. When the template closes the turn with something else, the served tokens
+    are not its rendering: ``TailUnsupported`` (unless ``keep``)."""
+    reasoning: bool = False
+    """The turn carried reasoning and the client sent it back: the template must render it in
+    history (else ``TailUnsupported``)."""
+    calls: tuple[str, ...] = ()
+    """Names of the turn's tool calls. When the plain anchor fails, an anchor that makes these
+    calls is tried (gpt-oss renders a tool-call turn unlike a plain answer, and names the call
+    in the tool results)."""
 
 
 class ChatRenderer:
@@ -459,34 +477,25 @@ class ChatRenderer:
         self,
         tail: Sequence[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        emitted_closer: str,
+        served: ServedTurn,
         *,
         limit: int | None = None,
         already: int = 0,
-        reasoning: bool = False,
         keep: bool = False,
-        calls: Sequence[str] = (),
     ) -> list[int]:
         """Tokens to append after a served, generated assistant turn.
 
         Args:
             tail: Canonical messages after that assistant message (may be empty).
             tools: Tools offered on this request.
-            emitted_closer: Text of the stop token the model ended its turn with
-                (``"<|im_end|>"``), or ``""`` when it was cut off. When the template
-                closes the turn with something else, the served tokens are not its
-                rendering: ``TailUnsupported`` (unless ``keep``).
+            served: What the served turn ended with, and whether it reasoned or called
+                tools (``ServedTurn``).
             limit: Most tokens the continuation may have (checked before tokenizing).
             already: Tokens in front of the continuation (reported by ``PromptTooLong``).
-            reasoning: The served turn carried reasoning and the client sent it back: the
-                template must render it in history (else ``TailUnsupported``).
             keep: Extend the served tokens even where the template renders the anchor
                 differently once more messages follow (Qwen3 drops the empty ``<think>``
                 block of a past turn): the tail is then what the template writes after
                 the anchor's assistant content.
-            calls: Names of the served turn's tool calls. When the plain anchor fails, an
-                anchor that makes these calls is tried (gpt-oss renders a tool-call turn
-                unlike a plain answer, and names the call in the tool results).
 
         Raises:
             TailUnsupported: the template does not render incrementally here, or drops
@@ -494,12 +503,13 @@ class ChatRenderer:
             PromptTooLong: the continuation needs more than ``limit`` tokens.
             TemplateRefused: the template raised on the tail itself.
         """
+        emitted_closer, reasoning, calls = served.closer, served.reasoning, served.calls
         try:
             text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=keep)
         except TailUnsupported:
             if not calls or keep or not emitted_closer:
                 raise
-            text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=False, calls=tuple(calls))
+            text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=False, calls=calls)
         self._check_fits(text, limit, already)
         return self.encode(text)
 

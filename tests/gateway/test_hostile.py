@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from core.gateway import GatewayConfig
-from core.gateway.render import ANCHOR_CACHE_CHARS, ANCHOR_CACHE_ENTRIES, ChatRenderer
+from core.gateway.render import ANCHOR_CACHE_CHARS, ANCHOR_CACHE_ENTRIES, ChatRenderer, ServedTurn
 from core.gateway.toolparse import parse_hermes, parse_llama3_json, parse_qwen3_coder
 from core.samplers import ScriptedSampler, encode_reply
 from core.types import SamplingParams
@@ -548,17 +548,17 @@ def test_anchor_cache_hits_equal_tools_and_stays_bounded(byte_tokenizer: Any) ->
     r.render_text = counting  # type: ignore[method-assign]
     tail = [{"role": "user", "content": "next"}]
     for _ in range(300):  # every request parses its own, equal, tools
-        r.render_continuation(tail, json.loads(json.dumps([CALC_TOOL])), "<|im_end|>")
+        r.render_continuation(tail, json.loads(json.dumps([CALC_TOOL])), ServedTurn("<|im_end|>"))
     assert anchors == 1 and r.anchor_cache_size()[0] == 1
     big = "x" * 200_000
     for i in range(300):
         tools = [{"type": "function", "function": {"name": f"t{i}", "description": big if i % 2 else "d"}}]
-        r.render_continuation(tail, tools, "<|im_end|>")
+        r.render_continuation(tail, tools, ServedTurn("<|im_end|>"))
         entries, chars = r.anchor_cache_size()
         assert entries <= ANCHOR_CACHE_ENTRIES and chars <= ANCHOR_CACHE_CHARS
     variants = [[{"type": "function", "function": {"name": "same", "description": str(i)}}] for i in range(50)]
     for tools in variants:
-        r.render_continuation(tail, tools, "<|im_end|>")
+        r.render_continuation(tail, tools, ServedTurn("<|im_end|>"))
     assert r.anchor_cache_size()[0] <= ANCHOR_CACHE_ENTRIES
 
 
