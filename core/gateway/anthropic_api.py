@@ -23,7 +23,7 @@ from core.gateway.fields import (
     opt_stop,
 )
 from core.gateway.messages import Units, anthropic_tools, anthropic_units
-from core.gateway.reasoning_switches import AS_IS, Reasoning, anthropic_thinking
+from core.gateway.reasoning_switches import AS_IS, ReasoningSwitches, anthropic_thinking
 from core.gateway.strict import strict_schemas
 from core.gateway.toolchoice import anthropic_tool_choice
 from core.gateway.turn import TurnRequest, TurnResult
@@ -33,7 +33,7 @@ __all__ = ["messages_response", "messages_stream_events", "parse_count_request",
 
 
 def parse_count_request(
-    body: dict[str, Any], reasoning: Reasoning = AS_IS
+    body: dict[str, Any], reasoning: ReasoningSwitches = AS_IS
 ) -> tuple[Units, list[dict[str, Any]] | None, dict[str, Any] | None]:
     """(units, tools, template variables) of a ``/v1/messages/count_tokens`` body.
 
@@ -49,7 +49,7 @@ def parse_count_request(
     return anthropic_units(body.get("system"), body["messages"]), tools, kwargs or None
 
 
-def parse_messages_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tuple[TurnRequest, bool]:
+def parse_messages_request(body: dict[str, Any], reasoning: ReasoningSwitches = AS_IS) -> tuple[TurnRequest, bool]:
     """(turn request, stream) from a ``/v1/messages`` body."""
     if "messages" not in body:
         raise bad_request("'messages' is required: a non-empty list of messages", param="messages")

@@ -257,7 +257,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream, include_usage = parse_chat_request(read_body(raw), gateway.reasoning)
+        req, stream, include_usage = parse_chat_request(read_body(raw), gateway.reasoning_switches)
         _check_stops(req.stop, "stop", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -269,7 +269,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream = parse_messages_request(read_body(raw), gateway.reasoning)
+        req, stream = parse_messages_request(read_body(raw), gateway.reasoning_switches)
         _check_stops(req.stop, "stop_sequences", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -282,7 +282,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
         body = read_body(raw)
-        call = parse_responses_request(body, s.responses, gateway.reasoning)
+        call = parse_responses_request(body, s.responses, gateway.reasoning_switches)
         call.req.size = len(raw) + (call.previous.size if call.previous is not None else 0)
         try:
             result = await _guarded(request, gateway.run_turn(sid, call.req))
@@ -298,7 +298,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
         body = read_body(raw)
-        call = parse_responses_request(body, s.responses, gateway.reasoning)
+        call = parse_responses_request(body, s.responses, gateway.reasoning_switches)
         size = len(raw) + (call.previous.size if call.previous is not None else 0)
         try:
             n = await gateway.count_prompt(
@@ -331,7 +331,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         sid = _session_id(request)
         gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        units, tools, kwargs = parse_count_request(read_body(raw), gateway.reasoning)
+        units, tools, kwargs = parse_count_request(read_body(raw), gateway.reasoning_switches)
         n = await gateway.count_prompt(sid, units, tools, size=len(raw), template_kwargs=kwargs)
         return _json({"input_tokens": n})
 

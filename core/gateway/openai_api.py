@@ -24,7 +24,12 @@ from core.gateway.fields import (
     opt_stop,
 )
 from core.gateway.messages import openai_tools, openai_units
-from core.gateway.reasoning_switches import AS_IS, Reasoning, openai_reasoning, template_kwargs
+from core.gateway.reasoning_switches import (
+    AS_IS,
+    ReasoningSwitches,
+    openai_reasoning,
+    template_kwargs,
+)
 from core.gateway.strict import strict_schemas
 from core.gateway.tokentext import TokenLogprob
 from core.gateway.toolchoice import openai_tool_choice
@@ -42,7 +47,7 @@ _STREAM_OPTIONS = {"include_usage", "include_obfuscation"}
 _MAX_SEED = 2**63
 
 
-def parse_chat_request(body: dict[str, Any], reasoning: Reasoning = AS_IS) -> tuple[TurnRequest, bool, bool]:
+def parse_chat_request(body: dict[str, Any], reasoning: ReasoningSwitches = AS_IS) -> tuple[TurnRequest, bool, bool]:
     """(turn request, stream, include_usage) from a ``/v1/chat/completions`` body.
 
     ``reasoning``: what the model's template offers (``Gateway.reasoning``), which

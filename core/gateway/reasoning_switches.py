@@ -5,7 +5,7 @@ answer (the reply side) is ``core.gateway.reasoning_parsers``.
 
 Defines:
 
-- ``Reasoning`` / ``template_reasoning``: whether the model's template has a
+- ``ReasoningSwitches`` / ``template_reasoning``: whether the model's template has a
   thinking switch (``enable_thinking`` as Qwen3 and GLM-4.5 write it,
   ``thinking`` as DeepSeek V3.1 does), a ``reasoning_effort`` variable
   (gpt-oss), or reasons with no switch (``<think>`` or harmony channels in
@@ -31,7 +31,7 @@ from core.gateway import safejson
 from core.gateway.errors import bad_request
 from core.gateway.fields import key_list, preview
 
-__all__ = ["AS_IS", "Reasoning", "anthropic_thinking", "openai_reasoning", "template_kwargs", "template_reasoning"]
+__all__ = ["AS_IS", "ReasoningSwitches", "anthropic_thinking", "openai_reasoning", "template_kwargs", "template_reasoning"]
 
 _RESERVED = frozenset(
     {"messages", "tools", "documents", "add_generation_prompt", "tokenize", "return_dict", "chat_template",
@@ -43,7 +43,7 @@ _EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 @dataclass(frozen=True, slots=True)
-class Reasoning:
+class ReasoningSwitches:
     """What a chat template lets a request do about reasoning."""
 
     switch: str | None = None
@@ -54,7 +54,7 @@ class Reasoning:
     """The template reasons with no switch (thinking cannot be turned off)."""
 
 
-AS_IS = Reasoning()
+AS_IS = ReasoningSwitches()
 """A template without reasoning switches."""
 
 
@@ -70,7 +70,7 @@ def _variables(template: str) -> set[str] | None:
         return None
 
 
-def template_reasoning(template: str) -> Reasoning:
+def template_reasoning(template: str) -> ReasoningSwitches:
     """What ``template`` offers (free variables read with jinja, a word match when it will not parse)."""
     found = _variables(template)
     if found is None:
@@ -78,10 +78,10 @@ def template_reasoning(template: str) -> Reasoning:
     switch = "enable_thinking" if "enable_thinking" in found else "thinking" if "thinking" in found else None
     effort = "reasoning_effort" in found
     always = switch is None and ("<think>" in template or "<|channel|>" in template or effort)
-    return Reasoning(switch, effort, always)
+    return ReasoningSwitches(switch, effort, always)
 
 
-def anthropic_thinking(body: dict[str, Any], reasoning: Reasoning, max_tokens: int | None) -> dict[str, Any]:
+def anthropic_thinking(body: dict[str, Any], reasoning: ReasoningSwitches, max_tokens: int | None) -> dict[str, Any]:
     """Template variables for an Anthropic ``thinking`` field.
 
     ``{"type": "enabled", "budget_tokens": N}`` turns the template's switch on (or is
@@ -140,7 +140,7 @@ def anthropic_thinking(body: dict[str, Any], reasoning: Reasoning, max_tokens: i
     return {}
 
 
-def openai_reasoning(body: dict[str, Any], reasoning: Reasoning) -> dict[str, Any]:
+def openai_reasoning(body: dict[str, Any], reasoning: ReasoningSwitches) -> dict[str, Any]:
     """Template variables for an OpenAI ``reasoning_effort`` field.
 
     Passed as ``reasoning_effort`` to a template that takes it (gpt-oss); on a template

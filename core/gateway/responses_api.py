@@ -31,7 +31,7 @@ from typing import Any
 from core.gateway.errors import SURROGATE_HINT, GatewayError, bad_request
 from core.gateway.fields import opt_bool, opt_int, opt_number, short_repr
 from core.gateway.messages import raws_of
-from core.gateway.reasoning_switches import AS_IS, Reasoning, openai_reasoning
+from core.gateway.reasoning_switches import AS_IS, ReasoningSwitches, openai_reasoning
 from core.gateway.responses_items import group_items, item_units, responses_tools
 from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session
@@ -182,7 +182,7 @@ def _check_fields(body: dict[str, Any]) -> None:
         raise _refuse("stream_options", "must be an object")
 
 
-def _reasoning(body: dict[str, Any], offered: Reasoning) -> dict[str, Any]:
+def _reasoning(body: dict[str, Any], offered: ReasoningSwitches) -> dict[str, Any]:
     """Template variables for ``reasoning.effort`` (as chat's ``reasoning_effort``, ``reasoning_switches.py``)."""
     v = body.get("reasoning")
     if v is None:
@@ -203,7 +203,7 @@ def _reasoning(body: dict[str, Any], offered: Reasoning) -> dict[str, Any]:
 
 
 def parse_responses_request(
-    body: dict[str, Any], stored: dict[str, StoredResponse], reasoning: Reasoning = AS_IS
+    body: dict[str, Any], stored: dict[str, StoredResponse], reasoning: ReasoningSwitches = AS_IS
 ) -> ResponsesCall:
     """A ``/v1/responses`` body as a ``ResponsesCall``.
 

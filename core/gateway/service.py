@@ -105,7 +105,7 @@ class Gateway:
         self.prompts = PromptBuilder(self.renderer, self.config)
         """Builds each turn's prompt (``core.gateway.prompt``)."""
         self._token_text = TokenText(tokenizer)
-        self.reasoning = template_reasoning(self.renderer.template or "")
+        self.reasoning_switches = template_reasoning(self.renderer.template or "")
         """The template's reasoning switches (what ``thinking`` / ``reasoning_effort`` may ask)."""
         self.tool_parser_name, self._parse = get_parser(self.config.tool_parser, self.renderer.template or "")
         self.reasoning_parser_name, self._split_reasoning = get_reasoning_parser(

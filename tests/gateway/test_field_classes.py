@@ -29,7 +29,7 @@ from core.gateway.anthropic_api import parse_count_request, parse_messages_reque
 from core.gateway.errors import GatewayError
 from core.gateway.fields import ANTHROPIC_FIELDS, CHAT_FIELDS, Fields
 from core.gateway.openai_api import parse_chat_request
-from core.gateway.reasoning_switches import Reasoning
+from core.gateway.reasoning_switches import ReasoningSwitches
 from core.gateway.responses_api import _NO_EFFECT, _USED, parse_responses_request
 from core.types import SamplingParams
 from tests.gateway.conftest import Harness
@@ -217,7 +217,7 @@ def test_hostile_values_of_every_field_are_a_400_or_accepted_never_a_crash(route
 
 # ---------------------------------------------------------------- Anthropic thinking shapes
 
-SWITCH = Reasoning(switch="enable_thinking")
+SWITCH = ReasoningSwitches(switch="enable_thinking")
 
 
 def test_anthropic_thinking_adaptive_and_display() -> None:
