@@ -15,9 +15,14 @@ import re
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.errors import ConfigError, PluginError, TracerlError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from core.plugins.manager import Plugins
 
 HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info")
 """Hydra's own flags that print and exit: nothing is looked up for them."""
@@ -54,7 +59,7 @@ def requested_choices(argv: list[str]) -> dict[str, str]:
 
 
 
-def load_checked_plugins(argv: list[str], *, skip: Collection[str] = ()) -> Any:
+def load_checked_plugins(argv: list[str], *, skip: Collection[str] = ()) -> Plugins | None:
     """The loaded plugins, or None after printing why the command line cannot run.
 
     Args:
@@ -81,7 +86,7 @@ def load_checked_plugins(argv: list[str], *, skip: Collection[str] = ()) -> Any:
     return plugins
 
 
-def run_hydra(config_name: str, argv: list[str], body: Callable[[Any], int], *, module: str) -> int:
+def run_hydra(config_name: str, argv: list[str], body: Callable[[DictConfig], int], *, module: str) -> int:
     """Compose ``config_name`` with ``argv`` as Hydra's command line and return ``body(cfg)``.
 
     A ``TracerlError`` from ``body`` is printed and gives 1; Hydra's own exits (``--help``,
@@ -95,7 +100,7 @@ def run_hydra(config_name: str, argv: list[str], body: Callable[[Any], int], *, 
 
     result: dict[str, int] = {}
 
-    def task(cfg: Any) -> None:
+    def task(cfg: DictConfig) -> None:
         try:
             result["code"] = body(cfg)
         except TracerlError as exc:

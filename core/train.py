@@ -9,10 +9,15 @@ missing backend fails with a message naming the installed ones (and the
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from core.plugins.manager import Plugins
 
 
-def check_driving_settings(cfg: Any, backend: str) -> None:
+def check_driving_settings(cfg: DictConfig, backend: str) -> None:
     """Refuse core-loop settings a backend with its own trainer would silently ignore."""
     from core.errors import ConfigError
 
@@ -48,7 +53,7 @@ def check_driving_settings(cfg: Any, backend: str) -> None:
         )
 
 
-def _run(cfg: Any, plugins: Any) -> int:
+def _run(cfg: DictConfig, plugins: Plugins) -> int:
     spec = plugins.backend(str(cfg.backend.name))
     if spec.kind == "driving":
         check_driving_settings(cfg, str(spec.name))
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if plugins is None:
         return 2
 
-    def body(cfg: Any) -> int:
+    def body(cfg: DictConfig) -> int:
         plugins.check_config(cfg)
         return _run(cfg, plugins)
 

@@ -6,12 +6,17 @@ config schemas are in ``core.trainer.config``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from core.plugins.manager import Plugins
 
 __all__ = ["run_training"]
 
 
-def run_training(cfg: Any, plugins: Any) -> int:
+def run_training(cfg: DictConfig, plugins: Plugins) -> int:
     """Run the GRPO loop described by ``cfg``; returns an exit code."""
     from core.trainer.loop import run_training as _run
 

@@ -1,13 +1,68 @@
-"""Config schemas of the training loop: ``trainer``, ``algorithm`` and ``task``.
+"""Config schemas of a training run: the root ``TrainConfig`` and its ``trainer``,
+``algorithm`` and ``task`` groups.
 
-Hydra type-checks overrides against these dataclasses (stored as
-``base_train`` by ``core.config.register_configs``).
+Hydra type-checks overrides against these dataclasses (stored as ``base_train`` by
+``core.config.register_configs``). ``load_train_config(cfg)`` turns the composed
+config into ``TrainConfig``: the schema's dataclasses, whose ``__post_init__`` checks
+run, then ``validate``, the checks that span groups; so a bad setting is refused
+before anything starts. The sections plugins own (``backend``, ``runtime``,
+``reward``) stay the composed ``DictConfig`` nodes. Also defines ``check_loss_config``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from core.algo.advantages import STD_KINDS
+from core.algo.losses import parse_loss_spec
+from core.errors import ConfigError
+from core.eval.config import EvalConfig
+from core.gateway.config import GatewayConfig
+from core.rollout.outcome import check_exclude_on
+from core.trainer.fleet import SamplerConfig
+from core.trainer.signal import TOKEN_MEAN_OVER
+
+MODES = ("sync", "async")
+"""``trainer.mode`` choices."""
+
+LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
+"""``algorithm.loss`` choices of core's loop."""
+
+_Section = TypeVar("_Section")
+
+_CLIP_KEYS = ("clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold")
+_UNCLIPPED_LOSSES = ("cross_entropy", "importance_sampling")
+
+
+def check_loss_config(loss: str, loss_config: Mapping[str, Any] | Any) -> None:
+    """Refuse, before any rollout, a ``loss_config`` that contradicts ``loss``.
+
+    ``cross_entropy`` and ``importance_sampling`` clip nothing, and every backend
+    refuses clip keys for them, but only at the first ``forward_backward``, after
+    a step of rollouts.
+    """
+    config = OmegaConf.to_container(loss_config, resolve=True) if OmegaConf.is_config(loss_config) else loss_config
+    if not isinstance(config, dict):
+        raise ConfigError(f"algorithm.loss_config must be a mapping of names to numbers, got {config!r}")
+    for key, value in config.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"algorithm.loss_config.{key!s} must be a number, got {value!r}")
+    # What every backend checks the same way (keys, clip ranges, entropy sign), before any rollout.
+    parse_loss_spec(loss, {str(k): v for k, v in config.items()}, backend="core", hint="See docs/architecture.md.")
+    clips = sorted(str(k) for k in config if k in _CLIP_KEYS)
+    if loss in _UNCLIPPED_LOSSES and clips:
+        drop = " ".join(f"~algorithm.loss_config.{k}" for k in clips)
+        raise ConfigError(
+            f"algorithm.loss={loss} clips nothing, but algorithm.loss_config sets {clips}; "
+            f"drop them with '{drop}' on the command line (Hydra merges "
+            "'algorithm.loss_config={}' into a config instead of replacing it), or use "
+            "loss=ppo or cispo"
+        )
 
 
 @dataclass
@@ -75,6 +130,29 @@ class TrainerConfig:
     """Most training steps whose traces are kept: older files are deleted as new ones are
     written, so a long run's ``traces/`` stays bounded; 0 keeps all. Evaluations are all kept."""
 
+    def __post_init__(self) -> None:
+        """Refuse sizes, guards and async settings core's loop cannot run with."""
+        if self.batch_size < 1 or self.group_size < 1:
+            raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
+        check_exclude_on(self.exclude_on)
+        if self.mode not in MODES:
+            raise ConfigError(f"trainer.mode={self.mode!r}; use sync or async")
+        staleness = self.max_staleness
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ConfigError(
+                f"trainer.max_staleness={staleness!r} must be an integer >= 0 (optimizer steps; "
+                "0 trains on-policy)"
+            )
+        in_flight, group = int(self.max_rollouts_in_flight), int(self.group_size)
+        if in_flight < 0 or 0 < in_flight < group:
+            raise ConfigError(
+                f"trainer.max_rollouts_in_flight={in_flight} must be 0 (as many as the staleness "
+                f"bound allows) or at least trainer.group_size={group} (a group runs all at once)"
+            )
+        max_abs = float(self.max_abs_reward)
+        if not (max_abs > 0 and math.isfinite(max_abs)):
+            raise ConfigError(f"trainer.max_abs_reward must be a finite number > 0, got {max_abs!r}")
+
 
 @dataclass
 class AlgorithmConfig:
@@ -122,6 +200,32 @@ class AlgorithmConfig:
     gradient is capped at this value (0: no cap). Sent to the backend as
     ``loss_config.tis_cap``; the local backend applies it, Tinker and SageMaker refuse it."""
 
+    def __post_init__(self) -> None:
+        """Refuse a loss, loss settings or advantage options no backend can train with."""
+        if self.loss not in LOSSES:
+            raise ConfigError(
+                f"algorithm.loss={self.loss!r}; use cross_entropy, importance_sampling, ppo or cispo"
+            )
+        check_loss_config(str(self.loss), self.loss_config)
+        if self.token_mean_over not in TOKEN_MEAN_OVER:
+            raise ConfigError(f"algorithm.token_mean_over={self.token_mean_over!r}; use batch or trained")
+        if self.std not in STD_KINDS:
+            raise ConfigError(
+                f"algorithm.std={self.std!r}; use population (divide by n) or sample (by n - 1)"
+            )
+        cap = float(self.tis_cap)
+        if not (cap == 0.0 or (cap >= 1.0 and math.isfinite(cap))):
+            raise ConfigError(
+                f"algorithm.tis_cap={cap!r} must be 0 (off) or a finite number >= 1 (a cap below 1 "
+                "would also shrink on-policy tokens, whose weight is 1)"
+            )
+        if cap and self.loss == "cross_entropy":
+            raise ConfigError(
+                "algorithm.tis_cap truncates the importance weight pi_trainer / pi_sampler, but "
+                "algorithm.loss=cross_entropy has none; drop algorithm.tis_cap or use "
+                "importance_sampling, ppo or cispo"
+            )
+
 
 @dataclass
 class TaskConfig:
@@ -149,3 +253,75 @@ class TaskConfig:
     tokenizer_tokens: str = ""
     """``module:function`` returning texts that tokenizer keeps whole, one token each
     (a task's fixed tools block and tool calls); empty: none."""
+
+
+@dataclass
+class TrainConfig:
+    """Schema of the composed config of ``python -m core.train``."""
+
+    seed: int = 0
+    """Seed for data order, sampling and model initialisation."""
+    run_dir: str = MISSING
+    """Where metrics, checkpoints and the report go (default under ``outputs/``)."""
+    backend: Any = MISSING
+    """The ``backend/<name>`` node a plugin registered; has at least ``name``."""
+    runtime: Any = MISSING
+    """The ``runtime/<name>`` node; has at least ``name``."""
+    reward: Any = MISSING
+    """The ``reward/<name>`` node (``core.rewards.RewardConfig`` fields at least)."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantages and loss."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Data and agent."""
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    """The token-capturing gateway."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop length, sizes and guards."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Who samples: the backend (default) or a vLLM/SGLang fleet (``sampler=sglang``)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """``python -m core.eval`` settings (docs/eval.md)."""
+
+
+def _section(node: Any, schema: type[_Section]) -> _Section:
+    """``node`` as an instance of ``schema`` (its ``__post_init__`` runs)."""
+    if not (isinstance(node, DictConfig) and OmegaConf.get_type(node) is schema):
+        node = OmegaConf.merge(OmegaConf.structured(schema), node)
+    obj = OmegaConf.to_object(node)
+    assert isinstance(obj, schema)
+    return obj
+
+
+def load_train_config(cfg: DictConfig) -> TrainConfig:
+    """The composed config as ``TrainConfig``, checked; a bad setting raises ``ConfigError``.
+
+    ``algorithm``, ``task``, ``gateway``, ``trainer``, ``sampler`` and ``eval`` become
+    their dataclasses; ``backend``, ``runtime`` and ``reward`` stay the composed nodes
+    (plugins own their schemas).
+    """
+    typed = TrainConfig(
+        seed=int(cfg.seed),
+        run_dir=str(cfg.run_dir),
+        backend=cfg.backend,
+        runtime=cfg.runtime,
+        reward=cfg.get("reward"),
+        algorithm=_section(cfg.algorithm, AlgorithmConfig),
+        task=_section(cfg.task, TaskConfig),
+        gateway=_section(cfg.gateway, GatewayConfig),
+        trainer=_section(cfg.trainer, TrainerConfig),
+        sampler=_section(cfg.get("sampler") or {}, SamplerConfig),
+        eval=_section(cfg.get("eval") or {}, EvalConfig),
+    )
+    validate(typed)
+    return typed
+
+
+def validate(cfg: TrainConfig) -> None:
+    """The checks that read more than one group (each group checks itself in ``__post_init__``).
+
+    ``reward`` is a plugin's node without a schema here, so its ``timeout_s``, which the
+    loop's rollout runner waits with, is checked at the root.
+    """
+    timeout = cfg.reward.get("timeout_s") if isinstance(cfg.reward, DictConfig) else None
+    if timeout is not None and not (float(timeout) >= 0 and math.isfinite(float(timeout))):
+        raise ConfigError(f"reward.timeout_s must be a finite number >= 0, got {float(timeout)!r}")

@@ -127,7 +127,7 @@ class Fleet:
         await self.sampler.aclose()
 
 
-def build_fleet(cfg: Any, backend: Any, run_dir: Path) -> Fleet | None:
+def build_fleet(cfg: DictConfig, backend: Any, run_dir: Path) -> Fleet | None:
     """The run's ``Fleet``, or None for ``sampler=backend``.
 
     Raises:

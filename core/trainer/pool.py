@@ -22,52 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import ConfigError
 from core.rollout import RolloutOutcome, RolloutRunner
 from core.rollout.data import DataOrder
 from core.types import SamplingParams
-
-MODES = ("sync", "async")
-"""``trainer.mode`` choices."""
-
-
-def check_async_settings(trainer: Any, algo: Any) -> None:
-    """Refuse bad ``trainer.mode`` / ``max_staleness`` / ``max_rollouts_in_flight`` /
-    ``algorithm.tis_cap`` values before anything starts."""
-    mode = str(trainer.get("mode", "sync"))
-    if mode not in MODES:
-        raise ConfigError(f"trainer.mode={mode!r}; use sync or async")
-    staleness = trainer.get("max_staleness", 1)
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-        raise ConfigError(
-            f"trainer.max_staleness={staleness!r} must be an integer >= 0 (optimizer steps; "
-            "0 trains on-policy)"
-        )
-    in_flight = int(trainer.get("max_rollouts_in_flight", 0))
-    group = int(trainer.group_size)
-    if in_flight < 0 or 0 < in_flight < group:
-        raise ConfigError(
-            f"trainer.max_rollouts_in_flight={in_flight} must be 0 (as many as the staleness "
-            f"bound allows) or at least trainer.group_size={group} (a group runs all at once)"
-        )
-    cap = float(algo.get("tis_cap", 0.0))
-    if not (cap == 0.0 or (cap >= 1.0 and math.isfinite(cap))):
-        raise ConfigError(
-            f"algorithm.tis_cap={cap!r} must be 0 (off) or a finite number >= 1 (a cap below 1 "
-            "would also shrink on-policy tokens, whose weight is 1)"
-        )
-    if cap and str(algo.loss) == "cross_entropy":
-        raise ConfigError(
-            "algorithm.tis_cap truncates the importance weight pi_trainer / pi_sampler, but "
-            "algorithm.loss=cross_entropy has none; drop algorithm.tis_cap or use "
-            "importance_sampling, ppo or cispo"
-        )
 
 
 def oldest_version(outcomes: Sequence[RolloutOutcome]) -> int | None:

@@ -1,0 +1,69 @@
+"""The run's guards: checks that stop a run before it wastes time or mixes runs.
+
+- ``check_fresh_run_dir``: a fresh run refuses a ``run_dir`` holding an earlier
+  run's checkpoints or metrics;
+- ``check_canary``: the canary rollout reached the gateway and returned a reward;
+- ``check_failures``: a step's rollout failure rate is within ``trainer.max_failure_rate``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from core.errors import ConfigError, RunAborted
+from core.rollout import RolloutOutcome
+from core.rundir.checkpoint import existing_checkpoints
+from core.types import RolloutStatus
+
+
+def check_fresh_run_dir(run_dir: Path) -> None:
+    """Refuse to start a fresh run where an earlier run left checkpoints or metrics."""
+    found = existing_checkpoints(run_dir)
+    if found:
+        raise ConfigError(
+            f"run_dir {run_dir} already holds checkpoints ({found[-1].name} and "
+            f"{len(found) - 1} more) of an earlier run; pass trainer.resume=true to continue "
+            "it, or choose a new run_dir (a fresh run there would mix its metrics and "
+            "checkpoints with the old ones)"
+        )
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise ConfigError(
+            f"run_dir {run_dir} already holds {metrics.name} of an earlier run that "
+            "saved no checkpoint; choose a new run_dir, or delete that file to start over "
+            "there (a fresh run would append its steps to the old run's metrics)"
+        )
+
+
+def check_canary(outcome: RolloutOutcome) -> None:
+    """Abort unless the canary rollout made a model call and came back ``ok``."""
+    result = outcome.result
+    if result.status is RolloutStatus.NO_MODEL_CALLS:
+        raise RunAborted(
+            "canary rollout returned a reward but made no model call through the gateway: "
+            "the agent must send its requests to payload['_config']['base_url'] with "
+            "payload['_config']['api_key'] as its API key; training on it would learn nothing"
+        )
+    if result.status is not RolloutStatus.OK:
+        raise RunAborted(
+            f"canary rollout failed with status {result.status.value!r}: "
+            f"{(result.error or 'no error text').strip()[-2000:]}\n"
+            "Check that the agent starts (task.agent), reaches the gateway at the base_url "
+            "it is given, and returns {'reward': <float>}."
+        )
+
+
+def check_failures(outcomes: list[RolloutOutcome], *, step: int, max_failure_rate: float) -> Counter[str]:
+    """The step's status counts; aborts when more than ``max_failure_rate`` of them failed."""
+    statuses = Counter(o.result.status.value for o in outcomes)
+    failed = sum(n for s, n in statuses.items() if s != RolloutStatus.OK.value)
+    rate = failed / max(1, len(outcomes))
+    if rate > max_failure_rate:
+        errors = [o.result.error for o in outcomes if o.result.error][:3]
+        raise RunAborted(
+            f"step {step}: {failed} of {len(outcomes)} rollouts failed "
+            f"({rate:.0%} > trainer.max_failure_rate={max_failure_rate}); statuses: "
+            f"{dict(statuses)}; first errors: {errors}"
+        )
+    return statuses

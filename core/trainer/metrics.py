@@ -1,0 +1,124 @@
+"""What one training step reports: the keys of its ``metrics.jsonl`` record.
+
+- ``StepTimes``: seconds spent in each phase of a step;
+- ``StepReport``: everything a step produced that its record summarises;
+- ``step_metrics``: rewards, rollout statuses, trace and fault counts, data position,
+  times, and the group, train and eval metrics;
+- ``flow_metrics``: staleness of what trained, idle times and throughput (the same
+  keys in ``trainer.mode=sync`` and ``async``).
+
+Writing the records is ``core.rundir.metrics``'s job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.rollout import FAULT_KEYS, RolloutOutcome
+from core.trainer.pool import rollout_staleness
+from core.types import Datum, RolloutStatus
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent in each phase of one step."""
+
+    rollout: float = 0.0
+    """Waiting for the step's rollouts (sync: running them; async: taking them from the pool)."""
+    train: float = 0.0
+    """``forward_backward`` and ``optim_step``."""
+    sync: float = 0.0
+    """Serving the new weights to the sampler."""
+    eval: float = 0.0
+    """The scheduled evaluation."""
+    checkpoint: float = 0.0
+    """The scheduled checkpoint."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """Other phases, by name."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step did, as ``step_metrics`` summarises it."""
+
+    step: int
+    """The step just finished (1-based)."""
+    outcomes: list[RolloutOutcome]
+    """The rollouts it trained on (after the reward stage)."""
+    statuses: Counter[str]
+    """How many of them ended in each ``RolloutStatus``."""
+    datums: list[Datum]
+    """What was sent to ``forward_backward``."""
+    metrics: dict[str, float]
+    """Group, train and eval metrics, in that order."""
+    times: StepTimes
+    """Seconds per phase."""
+    step_time: float
+    """Seconds of the whole step."""
+    weight_version: int
+    """The backend's weight version after the step."""
+    data: dict[str, Any]
+    """``data/epoch``, ``data/cursor`` and ``data/batch`` (the rows drawn)."""
+
+
+def step_metrics(report: StepReport) -> dict[str, Any]:
+    """The step's record, but for ``flow_metrics``, reward components and trace sizes."""
+    outcomes, statuses, times, step_time = report.outcomes, report.statuses, report.times, report.step_time
+    rewards = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else float("nan")
+    rows = [r for o in outcomes for r in o.rows]
+    accounted = times.rollout + times.train + times.sync + times.eval + times.checkpoint
+    ok = statuses.get(RolloutStatus.OK.value, 0)
+    return {
+        "step": report.step,
+        "reward/mean": mean,
+        "reward/std": std,
+        "rollouts/total": len(outcomes),
+        "rollouts/ok": ok,
+        "rollouts/failed": len(outcomes) - ok,
+        **{f"rollouts/{s.value}": statuses.get(s.value, 0) for s in RolloutStatus if s is not RolloutStatus.OK},
+        "datums": len(report.datums),
+        "tokens/trained": int(sum(sum(d.weights) for d in report.datums)),
+        "tokens/total": sum(len(r.token_ids) for r in rows),
+        "turns/total": sum(int(r.metadata.get("turns", len(r.turns))) for r in rows),
+        "trace/rows": len(rows),
+        "trace/forks": sum(int(r.metadata.get("forks", 0)) for r in rows),
+        "trace/ill_formed_tool_calls": sum(int(r.metadata.get("ill_formed_tool_calls", 0)) for r in rows),
+        "trace/truncated": sum(int(bool(r.metadata.get("truncated", False))) for r in rows),
+        # Read from each rollout's session, so a rollout without rows still counts.
+        **{f"faults/{k}": sum(o.faults.get(k, 0) for o in outcomes) for k in FAULT_KEYS},
+        "rollouts/with_disconnected_turns": sum(
+            1 for o in outcomes if o.faults.get("disconnected_turns", 0) > 0
+        ),
+        "rollouts/session_finished_early": sum(o.faults.get("finished_early", 0) for o in outcomes),
+        "rollouts/session_lost": sum(o.faults.get("session_lost", 0) for o in outcomes),
+        "weight_version": report.weight_version,
+        **report.data,
+        "time/rollout": times.rollout,
+        "time/train": times.train,
+        "time/weight_sync": times.sync,
+        "time/eval": times.eval,
+        "time/checkpoint": times.checkpoint,
+        "time/step": step_time,
+        "time/loop_overhead_frac": max(0.0, step_time - accounted) / step_time if step_time > 0 else 0.0,
+        **report.metrics,
+    }
+
+
+def flow_metrics(
+    outcomes: list[RolloutOutcome], version: int, flow: dict[str, Any], step_time: float
+) -> dict[str, Any]:
+    """Staleness of what trained (against weight ``version``), then ``flow`` (the rollout
+    source's idle times and counts, which carry ``rollouts/finished``), then throughput."""
+    ages = rollout_staleness([o for o in outcomes if o.ok], version)
+    out: dict[str, Any] = {
+        "async/staleness_mean": sum(ages) / len(ages) if ages else 0.0,
+        "async/staleness_max": max(ages) if ages else 0,
+        "async/dropped_stale": 0,
+        **flow,
+    }
+    out["rollouts/s"] = out["rollouts/finished"] / step_time if step_time > 0 else 0.0
+    return out

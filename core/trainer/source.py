@@ -1,0 +1,207 @@
+"""Where a training step's rollouts come from: the seam between ``sync`` and ``async``.
+
+- ``RolloutSource``: what the step asks of either mode (``take`` a batch, ``settle``
+  after the update, ``idle_metrics`` at the end of the step, ``finish`` after the
+  last step);
+- ``StepBatch``: the rollouts a step trains on and the flow metrics so far;
+- ``SyncSource`` (``trainer.mode=sync``): each step runs its own rollouts, then trains;
+- ``PoolSource`` (``trainer.mode=async``): a step takes the first ``batch_size``
+  groups that finished within the staleness bound from a running ``RolloutPool``;
+- ``resumed_pool``: where a resumed run's pool starts (``PoolResume``).
+
+So the step in ``core.trainer.loop`` has no mode branches: both report the same
+flow keys (``time/trainer_idle``, ``time/sampler_idle``, ``rollouts/finished``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from core.errors import ConfigError
+from core.rollout import RolloutOutcome
+from core.rundir.checkpoint import Checkpoint
+from core.trainer.pool import RolloutPool
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The rollouts one step trains on."""
+
+    outcomes: list[RolloutOutcome]
+    """Every rollout of the step's groups."""
+    data_indices: list[int]
+    """The data rows the groups ran (``data/batch``)."""
+    waited: float
+    """Seconds the trainer waited for them (``time/rollout``)."""
+    flow: dict[str, Any] = field(default_factory=dict)
+    """Flow metrics so far; the step and the source add to it."""
+
+
+@dataclass(frozen=True)
+class SourceEnd:
+    """What a source leaves after the last step."""
+
+    state: dict[str, Any] | None
+    """Its part of the final checkpoint (None: nothing to save)."""
+    metrics: dict[str, Any]
+    """Keys of the final record."""
+
+
+class RolloutSource(Protocol):
+    """Gives each training step its rollouts."""
+
+    async def take(self) -> StepBatch:
+        """The next step's rollouts."""
+        ...
+
+    async def settle(self, batch: StepBatch) -> dict[str, Any] | None:
+        """After the update: add the source's counts to ``batch.flow``; returns the
+        source's part of a checkpoint taken now (None: nothing to save)."""
+        ...
+
+    def idle_metrics(self, batch: StepBatch, step_time: float) -> dict[str, Any]:
+        """End of the step: flow keys only known once the step's time is."""
+        ...
+
+    async def finish(self) -> SourceEnd:
+        """After the last step: stop producing rollouts."""
+        ...
+
+
+class SyncSource:
+    """``trainer.mode=sync``: each step runs its rollouts, then trains on them.
+
+    Args:
+        run: Draws the step's rows and runs their groups (the trainer's ``_rollouts``).
+        drawn: The rows ``run`` drew last.
+    """
+
+    def __init__(
+        self, run: Callable[[], Awaitable[list[RolloutOutcome]]], drawn: Callable[[], list[int]]
+    ) -> None:
+        self._run = run
+        self._drawn = drawn
+
+    async def take(self) -> StepBatch:
+        t0 = time.perf_counter()
+        outcomes = await self._run()
+        waited = time.perf_counter() - t0
+        return StepBatch(outcomes, list(self._drawn()), waited, {"time/trainer_idle": waited})
+
+    async def settle(self, batch: StepBatch) -> dict[str, Any] | None:
+        return None
+
+    def idle_metrics(self, batch: StepBatch, step_time: float) -> dict[str, Any]:
+        # The sampler has no training rollout while the step trains, syncs,
+        # checkpoints and evaluates.
+        return {
+            "time/sampler_idle": max(0.0, step_time - batch.waited),
+            "rollouts/finished": len(batch.outcomes),
+        }
+
+    async def finish(self) -> SourceEnd:
+        return SourceEnd(None, {})
+
+
+class PoolSource:
+    """``trainer.mode=async``: steps take finished groups from a running ``RolloutPool``.
+
+    Args:
+        pool: The started pool.
+        batch_size: Groups per step.
+        max_staleness: Oldest weight version lag a trained group may have.
+        version: The backend's current weight version.
+        reruns: Groups a resumed run started again (reported once, by the first step).
+    """
+
+    def __init__(
+        self,
+        pool: RolloutPool,
+        *,
+        batch_size: int,
+        max_staleness: int,
+        version: Callable[[], int],
+        reruns: int = 0,
+    ) -> None:
+        self.pool = pool
+        self._batch_size = batch_size
+        self._max_staleness = max_staleness
+        self._version = version
+        self._reruns = reruns
+
+    async def take(self) -> StepBatch:
+        groups, dropped, waited = await self.pool.take(
+            self._batch_size, version=self._version(), max_staleness=self._max_staleness
+        )
+        flow: dict[str, Any] = {
+            "async/dropped_stale": len(dropped),
+            "async/dropped_stale_rollouts": sum(len(g.outcomes) for g in dropped),
+            "async/dropped_groups": [g.seq for g in dropped],
+            "async/groups": [g.seq for g in groups],
+            "async/rerun": sum(1 for g in groups if g.rerun),
+            "time/trainer_idle": waited,
+        }
+        if self._reruns:
+            flow["async/rerun_on_resume"], self._reruns = self._reruns, 0
+        outcomes = [o for g in groups for o in g.outcomes]
+        return StepBatch(outcomes, [g.data_index for g in groups], waited, flow)
+
+    async def settle(self, batch: StepBatch) -> dict[str, Any] | None:
+        flow = batch.flow
+        await self.pool.release(len(flow["async/groups"]))
+        # Cut the started-groups log and snapshot the pool at one instant, so the
+        # checkpoint and metrics.jsonl agree on which groups started before it.
+        flow["data/started"], finished, flow["time/sampler_idle"] = self.pool.pop_flow()
+        flow["rollouts/finished"] = finished
+        flow["async/in_flight"] = self.pool.rollouts_in_flight
+        return self.pool.state()
+
+    def idle_metrics(self, batch: StepBatch, step_time: float) -> dict[str, Any]:
+        return {}  # counted by settle, when the pool was cut
+
+    async def finish(self) -> SourceEnd:
+        # Groups still running are not trained: saved as pending (a resumed run
+        # with more steps runs them again) and counted here.
+        state = self.pool.state()
+        return SourceEnd(state, {"async/discarded_at_end": await self.pool.close()})
+
+    async def aclose(self) -> None:
+        await self.pool.close()
+
+
+@dataclass(frozen=True)
+class PoolResume:
+    """Where a resumed run's pool starts."""
+
+    next_seq: int
+    """Number of the next group to start (seeds follow from it)."""
+    pending: list[tuple[int, int]]
+    """``(seq, data_index)`` of the groups in flight at the checkpoint, to run again."""
+
+
+def resumed_pool(saved: dict[str, Any] | None, ckpt: Checkpoint, *, mode: str, batch_size: int) -> PoolResume:
+    """The pool's start from checkpoint ``ckpt`` (``saved``: its ``async`` part, None for sync).
+
+    Raises:
+        ConfigError: a checkpoint with groups in flight resumed by ``trainer.mode=sync``.
+    """
+    if saved is not None and saved.get("pending") and mode != "async":
+        raise ConfigError(
+            f"checkpoint {ckpt.path} was written by trainer.mode=async with "
+            f"{len(saved['pending'])} groups in flight; resume it with trainer.mode=async "
+            "(a sync run would skip their rows)"
+        )
+    if saved is None:
+        # A sync checkpoint: number the groups on from its steps, so their seeds
+        # continue the synchronous sequence (see the trainer's _group_sampling).
+        return PoolResume(next_seq=ckpt.step * batch_size, pending=[])
+    resume = PoolResume(
+        next_seq=int(saved["next_seq"]), pending=[(int(a), int(b)) for a, b in saved["pending"]]
+    )
+    if resume.pending:
+        print(f"{len(resume.pending)} groups were in flight at the checkpoint; running them again", file=sys.stderr)
+    return resume
