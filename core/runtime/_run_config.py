@@ -4,17 +4,41 @@ The composed config is the ``DictConfig`` of ``core.config.TrainConfig`` that
 ``python -m core.train`` (and ``core.eval``, ``core.testing.build_runtime``)
 hands every runtime factory. Local and ray read the agent app and its
 environment (``task``); ray and agentcore read the host the trainer advertises
-for its gateway (``gateway``).
+for its gateway (``gateway``). All three read their own node's fields, and take
+keyword overrides of them, the same way.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
     from omegaconf import DictConfig
+
+SettingsT = TypeVar("SettingsT", bound="DataclassInstance")
+
+
+def node_values(node: DictConfig, schema: type[DataclassInstance], *, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of dataclass ``schema`` that ``node`` sets (a wrapper's extra fields are not read)."""
+    names = {f.name for f in dataclasses.fields(schema)} - set(leave_out)
+    return {k: node[k] for k in names if k in node}
+
+
+def with_overrides(settings: SettingsT, overrides: dict[str, Any], *, runtime: str) -> SettingsT:
+    """``settings`` with the keyword ``overrides`` a runtime's constructor took.
+
+    Raises:
+        ConfigError: an override names no field of the settings (``runtime`` says whose).
+    """
+    known = {f.name for f in dataclasses.fields(settings)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise ConfigError(f"unknown {runtime} settings {sorted(unknown)!r}; known: {sorted(known)!r}")
+    return dataclasses.replace(settings, **overrides)
 
 
 def agent_app(cfg: DictConfig) -> tuple[str, dict[str, str]]:

@@ -13,7 +13,6 @@ rest of the pool keeps serving.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import shutil
 import tempfile
@@ -28,7 +27,7 @@ from core.http import FastClient
 from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
 from core.runtime._process import AgentProcess
 from core.runtime._results import failed, result_from_output
-from core.runtime._run_config import agent_app, check_agent_ref
+from core.runtime._run_config import agent_app, check_agent_ref, node_values, with_overrides
 from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import LocalRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
@@ -37,10 +36,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 logger = logging.getLogger("core.runtime.local")
-
-
-def _config_field_names() -> set[str]:
-    return {f.name for f in dataclasses.fields(LocalRuntimeConfig)}
 
 
 class LocalRuntime(RuntimeBase):
@@ -74,13 +69,7 @@ class LocalRuntime(RuntimeBase):
         **overrides: Any,
     ) -> None:
         super().__init__()
-        unknown = set(overrides) - _config_field_names()
-        if unknown:
-            raise ConfigError(
-                f"unknown LocalRuntime settings {sorted(unknown)!r}; "
-                f"known: {sorted(_config_field_names())!r}"
-            )
-        self.config = dataclasses.replace(config or LocalRuntimeConfig(), **overrides)
+        self.config = with_overrides(config or LocalRuntimeConfig(), overrides, runtime="LocalRuntime")
         check_agent_ref(agent)
         c = self.config
         if c.num_processes < 1 or c.max_concurrency < 1:
@@ -115,9 +104,8 @@ class LocalRuntime(RuntimeBase):
                 wrapper's extra fields (and ``name``) are left to the wrapper.
         """
         agent, env = agent_app(cfg)
-        names = _config_field_names() - {"name"}
         settings = cfg.runtime if node is None else node
-        values = {k: settings[k] for k in names if k in settings}
+        values = node_values(settings, LocalRuntimeConfig, leave_out=("name",))
         return cls(agent, config=LocalRuntimeConfig(**values), env=env)
 
     # -- lifecycle --------------------------------------------------------------------

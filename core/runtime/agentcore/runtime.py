@@ -15,7 +15,6 @@ back as ``RolloutResult`` statuses, never as exceptions.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 import time
@@ -26,7 +25,7 @@ from urllib.parse import urlsplit
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime._channels import AgentFault, Polling
 from core.runtime._results import failed, result_from_output
-from core.runtime._run_config import advertised_gateway_host
+from core.runtime._run_config import advertised_gateway_host, node_values
 from core.runtime.agentcore._channels import AcrSession, HttpResultChannel, S3ResultChannel
 from core.runtime.agentcore._client import THROTTLE_CODES, AcrCallError, AcrClient
 from core.runtime.agentcore._limiter import TpsLimiter
@@ -101,9 +100,7 @@ class AgentCoreRuntime(RuntimeBase):
     def from_config(cls, cfg: DictConfig) -> AgentCoreRuntime:
         """Build from the composed config (``core.config.TrainConfig``): ``cfg.runtime`` plus
         the advertised ``cfg.gateway`` host."""
-        names = {f.name for f in dataclasses.fields(AgentCoreRuntimeConfig)}
-        node = cfg.runtime
-        values = {k: node[k] for k in names if k in node}
+        values = node_values(cfg.runtime, AgentCoreRuntimeConfig)
         return cls(AgentCoreRuntimeConfig(**values), gateway_host=advertised_gateway_host(cfg))
 
     # -- lifecycle --------------------------------------------------------------------

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime._results import failed
-from core.runtime._run_config import advertised_gateway_host, agent_app, check_agent_ref
+from core.runtime._run_config import (
+    advertised_gateway_host,
+    agent_app,
+    check_agent_ref,
+    node_values,
+    with_overrides,
+)
 from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import AgentServerSettings, LocalRuntimeConfig
 from core.runtime.ray._preflight import check_gateway_reachable
@@ -106,11 +112,7 @@ class RayRuntime(RuntimeBase):
         **overrides: Any,
     ) -> None:
         super().__init__()
-        known = {f.name for f in dataclasses.fields(RayRuntimeConfig)}
-        unknown = set(overrides) - known
-        if unknown:
-            raise ConfigError(f"unknown RayRuntime settings {sorted(unknown)!r}; known: {sorted(known)!r}")
-        self.config = dataclasses.replace(config or RayRuntimeConfig(), **overrides)
+        self.config = with_overrides(config or RayRuntimeConfig(), overrides, runtime="RayRuntime")
         check_agent_ref(agent)
         self._validate()
         self.agent = agent
@@ -156,9 +158,7 @@ class RayRuntime(RuntimeBase):
         agent, env = agent_app(cfg)
         from omegaconf import OmegaConf
 
-        names = {f.name for f in dataclasses.fields(RayRuntimeConfig)}
-        node = cfg.runtime
-        values = {k: node[k] for k in names if k in node}
+        values = node_values(cfg.runtime, RayRuntimeConfig)
         for key in ("resources_per_agent", "label_selector", "runtime_env"):
             if key in values and not isinstance(values[key], dict):
                 values[key] = OmegaConf.to_container(values[key], resolve=True)
