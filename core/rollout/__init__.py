@@ -4,7 +4,8 @@ Used by core's training loop, ``python -m core.eval``, the reward stage, and the
 and slime backends. Modules:
 
 - ``outcome``: ``RolloutOutcome`` and ``classify`` (the status a rollout trains under);
-- ``runner``: ``RolloutRunner`` (one gateway session per rollout) and ``run_groups``;
+- ``runner``: ``RolloutRunner`` (one gateway session per rollout, within ``RolloutLimits``)
+  and ``run_groups``;
 - ``stack``: ``start_rollout_stack`` (gateway server, runtime and runner together);
 - ``data``: ``load_payloads``, ``DataOrder`` and ``prepare_data``.
 """
@@ -22,7 +23,7 @@ from core.rollout.outcome import (
     check_exclude_on,
     classify,
 )
-from core.rollout.runner import RolloutRunner, RunOne, run_groups
+from core.rollout.runner import RolloutLimits, RolloutRunner, RunOne, run_groups
 from core.rollout.stack import RolloutStack, start_rollout_stack
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "EXCLUDE_ON_CHOICES",
     "FAULT_KEYS",
     "DataOrder",
+    "RolloutLimits",
     "RolloutOutcome",
     "RolloutRunner",
     "RolloutStack",

@@ -13,7 +13,7 @@ import asyncio
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core.errors import ConfigError
@@ -31,45 +31,50 @@ from core.rundir.traces import conversation_tree
 from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams, TraceRecord
 
 
-class RolloutRunner:
-    """Runs rollouts through a runtime against the gateway, at most ``max_concurrency`` at once.
+@dataclass(frozen=True)
+class RolloutLimits:
+    """How many rollouts run at once, how long each may take, and what makes one unfit."""
 
-    Args:
-        exclude_on: Session faults that turn an ``ok`` rollout into ``sampler_error``
-            (``EXCLUDE_ON_CHOICES``; see ``classify``).
-        max_abs_reward: Rewards larger in magnitude become ``invalid_reward``.
-        reward_timeout_s: How long a ``reward_pending`` rollout waits for its reward to be
-            posted (``gateway.late_rewards``) before it becomes ``reward_timeout``.
-    """
+    max_concurrency: int
+    """Most rollouts the runtime runs at once (``trainer.max_concurrent_rollouts``)."""
+    timeout_s: float
+    """Deadline of one rollout (``trainer.rollout_timeout_s``)."""
+    exclude_on: Iterable[str] = DEFAULT_EXCLUDE_ON
+    """Session faults that turn an ``ok`` rollout into ``sampler_error``
+    (``EXCLUDE_ON_CHOICES``; see ``classify``)."""
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD
+    """Rewards larger in magnitude become ``invalid_reward``."""
+    reward_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S
+    """How long a ``reward_pending`` rollout waits for its reward to be posted
+    (``gateway.late_rewards``) before it becomes ``reward_timeout``."""
+
+    def __post_init__(self) -> None:
+        if not (self.reward_timeout_s >= 0 and math.isfinite(self.reward_timeout_s)):
+            raise ConfigError(f"reward.timeout_s must be a finite number >= 0, got {self.reward_timeout_s!r}")
+        check_exclude_on(self.exclude_on)
+        if not (self.max_abs_reward > 0 and math.isfinite(self.max_abs_reward)):
+            raise ConfigError(
+                f"trainer.max_abs_reward must be a finite number > 0, got {self.max_abs_reward!r}"
+            )
+
+
+class RolloutRunner:
+    """Runs rollouts through a runtime against the gateway, at most
+    ``limits.max_concurrency`` at once."""
 
     def __init__(
-        self,
-        *,
-        gateway: Any,
-        base_url: str,
-        runtime: Any,
-        model_id: str,
-        max_concurrency: int,
-        timeout_s: float,
-        exclude_on: Iterable[str] = DEFAULT_EXCLUDE_ON,
-        max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
-        reward_timeout_s: float = DEFAULT_REWARD_TIMEOUT_S,
+        self, *, gateway: Any, base_url: str, runtime: Any, model_id: str, limits: RolloutLimits
     ) -> None:
-        if not (reward_timeout_s >= 0 and math.isfinite(reward_timeout_s)):
-            raise ConfigError(f"reward.timeout_s must be a finite number >= 0, got {reward_timeout_s!r}")
-        self.reward_timeout_s = reward_timeout_s
         self.gateway = gateway
         self.base_url = base_url
         self.runtime = runtime
         self.model_id = model_id
-        self.timeout_s = timeout_s
-        self.exclude_on = check_exclude_on(exclude_on)
-        if not (max_abs_reward > 0 and math.isfinite(max_abs_reward)):
-            raise ConfigError(
-                f"trainer.max_abs_reward must be a finite number > 0, got {max_abs_reward!r}"
-            )
-        self.max_abs_reward = max_abs_reward
-        self._sem = asyncio.Semaphore(max_concurrency)
+        self.limits = limits
+        self.timeout_s = limits.timeout_s
+        self.exclude_on = check_exclude_on(limits.exclude_on)
+        self.max_abs_reward = limits.max_abs_reward
+        self.reward_timeout_s = limits.reward_timeout_s
+        self._sem = asyncio.Semaphore(limits.max_concurrency)
         self._active: dict[str, str] = {}
         """Rollout id -> group id of the rollouts the runtime is running."""
 

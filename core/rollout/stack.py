@@ -15,7 +15,7 @@ from core.rollout.outcome import (
     DEFAULT_MAX_ABS_REWARD,
     DEFAULT_REWARD_TIMEOUT_S,
 )
-from core.rollout.runner import RolloutRunner
+from core.rollout.runner import RolloutLimits, RolloutRunner
 
 
 @dataclass
@@ -72,11 +72,13 @@ async def start_rollout_stack(
         base_url=server.base_url,
         runtime=runtime,
         model_id=model_id,
-        max_concurrency=int(trainer.max_concurrent_rollouts),
-        timeout_s=float(trainer.rollout_timeout_s),
-        exclude_on=[str(x) for x in _setting(trainer, "exclude_on", DEFAULT_EXCLUDE_ON)],
-        max_abs_reward=float(_setting(trainer, "max_abs_reward", DEFAULT_MAX_ABS_REWARD)),
-        reward_timeout_s=float(_setting(_setting(cfg, "reward", {}), "timeout_s", DEFAULT_REWARD_TIMEOUT_S)),
+        limits=RolloutLimits(
+            max_concurrency=int(trainer.max_concurrent_rollouts),
+            timeout_s=float(trainer.rollout_timeout_s),
+            exclude_on=[str(x) for x in _setting(trainer, "exclude_on", DEFAULT_EXCLUDE_ON)],
+            max_abs_reward=float(_setting(trainer, "max_abs_reward", DEFAULT_MAX_ABS_REWARD)),
+            reward_timeout_s=float(_setting(_setting(cfg, "reward", {}), "timeout_s", DEFAULT_REWARD_TIMEOUT_S)),
+        ),
     )
     return RolloutStack(server=server, runtime=runtime, runner=runner)
 

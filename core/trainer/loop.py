@@ -6,10 +6,9 @@ group-relative advantages (failed rollouts excluded), ``forward_backward``,
 ``optim_step``, rebind the gateway to the new sampler; evaluate and
 checkpoint on schedule. A step whose groups carry no signal (all constant,
 lone or failed) skips the update (``train/skipped``), unless the loss has an
-entropy bonus. Guards: a canary
-rollout before training, an abort when a step's rollout failure rate passes
-``max_failure_rate``, one run at a time per ``run_dir``, and no fresh run
-over an old run's checkpoints.
+entropy bonus. Guards (``core.trainer.guards``): a canary rollout before training,
+an abort when a step's rollout failure rate passes ``max_failure_rate``, one run
+at a time per ``run_dir``, and no fresh run over an old run's checkpoints.
 
 ``sampler=vllm|sglang`` (``core.trainer.fleet``) samples from inference servers
 instead of the backend's sampler: before the first rollout and after each
@@ -55,10 +54,9 @@ from core.trainer.config import load_train_config
 from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.guards import check_canary, check_failures, check_fresh_run_dir
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
-from core.trainer.pool import RolloutPool
+from core.trainer.pool import PoolResume, PoolSize, RolloutPool
 from core.trainer.signal import StepSignal, build_signal
 from core.trainer.source import (
-    PoolResume,
     PoolSource,
     RolloutSource,
     SourceEnd,
@@ -67,8 +65,7 @@ from core.trainer.source import (
 )
 from core.types import AdamParams, Datum, SamplingParams
 
-Closer = Callable[[], Awaitable[Any]]
-"""Something to await at teardown (``aclose`` of what the run started)."""
+Closer = Callable[[], Awaitable[Any]]  # an ``aclose`` of something the run started
 
 
 class Trainer:
@@ -163,9 +160,7 @@ class Trainer:
         """Session sampling settings; seeded from ``seed``, the step and ``stream`` so a
         run (and a resumed run) samples the same tokens every time."""
         seed = (self.cfg.seed * 1_000_003 + self.step * 65_537 + stream) % (2**62)
-        return SamplingParams(
-            max_tokens=self.algo.max_tokens, temperature=float(temperature), seed=seed
-        )
+        return SamplingParams(max_tokens=self.algo.max_tokens, temperature=float(temperature), seed=seed)
 
     # -- guards ---------------------------------------------------------------
 
@@ -307,20 +302,14 @@ class Trainer:
             runner=self.runner,
             rows=self.train_rows,
             order=self.order,
-            group_size=group,
-            max_groups=room,
-            max_rollouts=self.t.max_rollouts_in_flight or room * group,
+            size=PoolSize(group, max_groups=room, max_rollouts=self.t.max_rollouts_in_flight or room * group),
             sampling=self._group_sampling,
-            next_seq=self._resumed.next_seq,
-            requeue=self._resumed.pending,
+            start=self._resumed,
         )
         pool.start()
         source = PoolSource(
-            pool,
-            batch_size=batch,
-            max_staleness=self.t.max_staleness,
-            version=lambda: int(self.backend.weight_version),
-            reruns=len(self._resumed.pending),
+            pool, batch_size=batch, max_staleness=self.t.max_staleness,
+            version=lambda: int(self.backend.weight_version), reruns=len(self._resumed.pending),
         )
         self._closers.append(source.aclose)
         return source

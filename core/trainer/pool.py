@@ -77,6 +77,28 @@ class _Flow:
     sampler_idle_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class PoolSize:
+    """How big a group is and how much the pool may have started."""
+
+    group_size: int
+    """Rollouts per group."""
+    max_groups: int
+    """Most groups started and not yet released by ``release``."""
+    max_rollouts: int
+    """Most rollouts in flight (at least ``group_size`` is used)."""
+
+
+@dataclass(frozen=True)
+class PoolResume:
+    """Where a resumed run's pool starts."""
+
+    next_seq: int
+    """Number of the next group to start (seeds follow from it)."""
+    pending: list[tuple[int, int]]
+    """``(seq, data_index)`` of the groups in flight at the checkpoint, to run again."""
+
+
 class RolloutPool:
     """Starts groups continuously; ``take`` hands a step its groups.
 
@@ -84,10 +106,9 @@ class RolloutPool:
         runner: Runs the rollouts.
         rows: The training payloads.
         order: The seeded data order (advanced as groups start).
-        group_size: Rollouts per group.
-        max_groups: Most groups started and not yet released by ``release``.
-        max_rollouts: Most rollouts in flight.
+        size: Group size and the pool's room.
         sampling: Session sampling settings of group ``seq`` (seeded by it).
+        start: Where a resumed run's pool starts (default: group 0, nothing to rerun).
     """
 
     def __init__(
@@ -96,22 +117,20 @@ class RolloutPool:
         runner: RolloutRunner,
         rows: Sequence[dict[str, Any]],
         order: DataOrder,
-        group_size: int,
-        max_groups: int,
-        max_rollouts: int,
+        size: PoolSize,
         sampling: Callable[[int], SamplingParams],
-        next_seq: int = 0,
-        requeue: Sequence[tuple[int, int]] = (),
+        start: PoolResume | None = None,
     ) -> None:
+        start = start or PoolResume(next_seq=0, pending=[])
         self.runner = runner
         self.rows = rows
         self.order = order
-        self.group_size = group_size
-        self.max_groups = max_groups
-        self.max_rollouts = max(max_rollouts, group_size)
+        self.group_size = size.group_size
+        self.max_groups = size.max_groups
+        self.max_rollouts = max(size.max_rollouts, size.group_size)
         self.sampling = sampling
-        self.next_seq = next_seq
-        self._requeue = sorted(requeue)
+        self.next_seq = start.next_seq
+        self._requeue = sorted(start.pending)
         self._cond = asyncio.Condition()
         self._running: dict[int, tuple[int, asyncio.Task[None]]] = {}
         self._ready: list[FinishedGroup] = []

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from core.errors import ConfigError
 from core.rollout import RolloutOutcome
 from core.rundir.checkpoint import Checkpoint
-from core.trainer.pool import RolloutPool
+from core.trainer.pool import PoolResume, RolloutPool
 
 
 @dataclass(frozen=True)
@@ -171,16 +171,6 @@ class PoolSource:
 
     async def aclose(self) -> None:
         await self.pool.close()
-
-
-@dataclass(frozen=True)
-class PoolResume:
-    """Where a resumed run's pool starts."""
-
-    next_seq: int
-    """Number of the next group to start (seeds follow from it)."""
-    pending: list[tuple[int, int]]
-    """``(seq, data_index)`` of the groups in flight at the checkpoint, to run again."""
 
 
 def resumed_pool(saved: dict[str, Any] | None, ckpt: Checkpoint, *, mode: str, batch_size: int) -> PoolResume:

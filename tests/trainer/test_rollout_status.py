@@ -20,7 +20,7 @@ from core.gateway import Gateway, GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.messages import openai_units
 from core.gateway.turn import TurnRequest
-from core.rollout import RolloutRunner, classify
+from core.rollout import RolloutLimits, RolloutRunner, classify
 from core.samplers import ScriptedSampler, encode_reply
 from core.types import (
     FinishReason,
@@ -82,9 +82,7 @@ def _run(tok: Any, agent: Agent, *, sampler: ScriptedSampler | None = None, **ru
         base_url="http://127.0.0.1:0/v1",
         runtime=CoroutineRuntime(gateway, agent),
         model_id="tiny",
-        max_concurrency=4,
-        timeout_s=5.0,
-        **runner_kw,
+        limits=RolloutLimits(max_concurrency=4, timeout_s=5.0, **runner_kw),
     )
 
     async def go() -> Any:
@@ -149,7 +147,7 @@ def test_a_turn_in_flight_when_the_agent_returns_excludes_the_rollout(byte_token
         gw = Gateway(tokenizer=byte_tokenizer, sampler=FlakySampler(byte_tokenizer, delay_s=0.2),
                      config=GatewayConfig(history_mode="tree"), model_id="tiny")
         runner = RolloutRunner(gateway=gw, base_url="http://x/v1", runtime=CoroutineRuntime(gw, agent),
-                               model_id="tiny", max_concurrency=1, timeout_s=5.0)
+                               model_id="tiny", limits=RolloutLimits(max_concurrency=1, timeout_s=5.0))
         outcome = await runner.run_one({}, group_id="g", sampling=SamplingParams(max_tokens=8))
         with contextlib.suppress(GatewayError):
             await pending[0]  # it finds its session gone
@@ -261,7 +259,7 @@ def test_a_dropped_session_fails_only_its_own_rollout(byte_tokenizer: Any) -> No
     gateway = Gateway(tokenizer=byte_tokenizer, sampler=FlakySampler(byte_tokenizer),
                       config=GatewayConfig(history_mode="tree"), model_id="tiny")
     runner = RolloutRunner(gateway=gateway, base_url="http://x/v1", runtime=CoroutineRuntime(gateway, agent),
-                           model_id="tiny", max_concurrency=4, timeout_s=5.0)
+                           model_id="tiny", limits=RolloutLimits(max_concurrency=4, timeout_s=5.0))
     outcomes = asyncio.run(runner.run_groups(
         [("a", {"drop": True}), ("b", {"drop": False})], group_size=2, sampling=SamplingParams(max_tokens=8)
     ))
@@ -286,7 +284,7 @@ def test_a_cancelled_rollout_stops_accepting_a_late_reward(byte_tokenizer: Any) 
     gateway = Gateway(tokenizer=byte_tokenizer, sampler=FlakySampler(byte_tokenizer),
                       config=GatewayConfig(history_mode="tree"), model_id="tiny")
     runner = RolloutRunner(gateway=gateway, base_url="http://x/v1", runtime=CoroutineRuntime(gateway, agent),
-                           model_id="tiny", max_concurrency=4, timeout_s=5.0)
+                           model_id="tiny", limits=RolloutLimits(max_concurrency=4, timeout_s=5.0))
 
     async def main() -> None:
         task = asyncio.create_task(runner.run_one({}, group_id="g", sampling=SamplingParams(max_tokens=8)))

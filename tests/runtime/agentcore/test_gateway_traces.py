@@ -15,7 +15,7 @@ import pytest
 from acr_helpers import BUCKET, agent_env, make_runtime
 
 from core.gateway import Gateway, GatewayConfig, GatewayServer
-from core.rollout import RolloutOutcome, RolloutRunner
+from core.rollout import RolloutLimits, RolloutOutcome, RolloutRunner
 from core.samplers import ScriptedSampler, encode_reply
 from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.tokenizer import build_tiny_tokenizer
@@ -45,8 +45,7 @@ def test_rollouts_through_agentcore_capture_traces(channel: str, s3_endpoint: st
                 base_url=server.base_url,
                 runtime=runtime,
                 model_id="tiny",
-                max_concurrency=4,
-                timeout_s=60.0,
+                limits=RolloutLimits(max_concurrency=4, timeout_s=60.0),
             )
             return await runner.run_groups(
                 [("g0", {"call_model": True, "prompt": "6+1", "reward": 1.0}),
