@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError
 
@@ -124,7 +124,7 @@ def _import_attr(spec: str, what: str) -> Any:
         raise ConfigError(f"{what} {spec!r} cannot be imported: {exc}") from exc
 
 
-def prepare_data(cfg: Any, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def prepare_data(cfg: DictConfig, run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and eval payloads; a task with a generator writes them into the run directory."""
     task = cfg.task
     train_path, eval_path = str(task.train_path), str(task.eval_path)

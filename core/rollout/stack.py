@@ -8,7 +8,7 @@ agent-loop workers and slime's rollout processes share it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.rollout.outcome import (
     DEFAULT_EXCLUDE_ON,
@@ -16,6 +16,11 @@ from core.rollout.outcome import (
     DEFAULT_REWARD_TIMEOUT_S,
 )
 from core.rollout.runner import RolloutLimits, RolloutRunner
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from core.plugins.manager import Plugins
 
 
 @dataclass
@@ -38,7 +43,7 @@ class RolloutStack:
 
 
 async def start_rollout_stack(
-    cfg: Any, gateway: Any, *, model_id: str, public_host: str = "", plugins: Any = None
+    cfg: DictConfig, gateway: Any, *, model_id: str, public_host: str = "", plugins: Plugins | None = None
 ) -> RolloutStack:
     """Serve ``gateway`` over HTTP and start ``runtime=<cfg.runtime.name>`` against it.
 
