@@ -13,7 +13,8 @@ The contract (``core.interfaces.RolloutRuntime`` asks it of every runtime):
   ``run_rollout`` returns a ``CRASHED`` result, "cancelled by the trainer"; its
   task is uncancelled, as asyncio asks of code that answers a cancellation.
   Unknown and finished ids are ignored. Any other cancellation (the caller's
-  own) propagates as ``CancelledError``.
+  own, also one that arrives while the runtime cleans up after ours)
+  propagates as ``CancelledError``.
 - ``aclose`` cancels every rollout in flight the same way, lets them settle
   (``_settle``), then releases everything (``_shutdown``); a second call does
   nothing.
@@ -62,8 +63,9 @@ class RuntimeBase(ABC):
     def __init__(self) -> None:
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         """Rollouts in flight: the task running each, by rollout id."""
-        self._cancelled: set[str] = set()
-        """Rollouts ended by ``cancel``/``aclose``: they answer with a result, not ``CancelledError``."""
+        self._cancelled: dict[str, int] = {}
+        """Rollouts ended by ``cancel``/``aclose`` (they answer with a result, not ``CancelledError``),
+        each with its task's ``cancelling()`` count right after ours: a higher count is someone else's."""
         self._background: set[asyncio.Task[Any]] = set()
         """The runtime's own background work (restarts, probes); ``_cancel_background`` ends it."""
         self._started = False
@@ -108,8 +110,7 @@ class RuntimeBase(ABC):
             return
         self._closed = True
         for rollout_id, task in list(self._tasks.items()):
-            self._cancelled.add(rollout_id)
-            task.cancel()
+            self._cancel_task(rollout_id, task)
         await self._settle()
         await self._shutdown()
         self._started = False
@@ -118,8 +119,11 @@ class RuntimeBase(ABC):
         """Stop a rollout in flight; its ``run_rollout`` returns ``CRASHED``, cancelled by the trainer."""
         task = self._tasks.get(rollout_id)
         if task is not None and not task.done():
-            self._cancelled.add(rollout_id)
-            task.cancel()
+            self._cancel_task(rollout_id, task)
+
+    def _cancel_task(self, rollout_id: str, task: asyncio.Task[Any]) -> None:
+        task.cancel()
+        self._cancelled[rollout_id] = task.cancelling()
 
     async def run_rollout(self, request: RolloutRequest) -> RolloutResult:
         """Run one rollout; never raises for agent faults (see ``RolloutRuntime``)."""
@@ -134,13 +138,14 @@ class RuntimeBase(ABC):
         try:
             return await self._run(request, clock)
         except asyncio.CancelledError:
-            if rid not in self._cancelled:
-                raise
+            ours = self._cancelled.get(rid)
+            if ours is None or task.cancelling() > ours:
+                raise  # not ours, or cancelled again since ours: the caller's own
             task.uncancel()  # our own cancel(): answer with a result instead of propagating
             return failed(rid, RolloutStatus.CRASHED, "cancelled by the trainer", clock.elapsed())
         finally:
             self._tasks.pop(rid, None)
-            self._cancelled.discard(rid)
+            self._cancelled.pop(rid, None)
 
     # -- helpers for subclasses ---------------------------------------------------------
 

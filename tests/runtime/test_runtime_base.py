@@ -106,6 +106,38 @@ def test_a_cancellation_that_is_not_ours_propagates() -> None:
     asyncio.run(main())
 
 
+class _CleaningRuntime(_Runtime):
+    """Cleans up for a while after our cancel (as local cancels the invocation remotely)."""
+
+    async def _run(self, request: RolloutRequest, clock: RolloutClock) -> RolloutResult:
+        try:
+            return await super()._run(request, clock)
+        except asyncio.CancelledError:
+            if self._cancelled_by_us(request.rollout_id):
+                await asyncio.sleep(0.2)
+            raise
+
+
+def test_a_cancellation_during_the_cleanup_after_ours_propagates() -> None:
+    async def main() -> None:
+        rt = _CleaningRuntime()
+        await rt.start()
+        request = conformance_request({})
+        task = asyncio.create_task(rt.run_rollout(request))
+        await asyncio.sleep(0.01)
+        await rt.cancel(request.rollout_id)
+        await asyncio.sleep(0.05)  # cleaning up after our cancel
+        task.cancel()  # the caller's own
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        alone = asyncio.create_task(rt.run_rollout(conformance_request({})))
+        await asyncio.sleep(0.01)
+        await rt.aclose()
+        assert (await alone).status is RolloutStatus.CRASHED
+
+    asyncio.run(main())
+
+
 def test_aclose_ends_rollouts_in_flight_as_cancelled_results() -> None:
     async def main() -> None:
         rt = _Runtime()
