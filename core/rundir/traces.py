@@ -21,6 +21,12 @@ mask as ``[start, end)`` runs, ``logprobs`` only where the mask is 1 (rounded to
 ``LOGPROB_DECIMALS``), turns as ``[start, end, finish_reason, weight_version]``
 and the gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
 
+A trace is never fatal to a run: values orjson cannot write (integers outside
+64 bits, containers nested deeper than ``STORED_DEPTH``; both arrive from
+datasets, agents and model-written tool calls) are stored as what they can be
+(a big integer as its decimal string, a too-deep container as ``TRUNCATED``),
+and a record that still cannot be written keeps its ids and an ``error``.
+
 A file is written to a ``.tmp`` name and renamed, so a reader never sees half
 of one; ``read_traces`` still tolerates a file cut short (a copy in progress, a
 full disk) and returns the rollouts before the cut with ``partial=True``. A
@@ -32,7 +38,10 @@ evaluations are all kept.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import gzip
+import logging
 import math
 import os
 import re
@@ -59,7 +68,14 @@ ERROR_CHARS = 8000
 KINDS = ("train", "eval")
 """What a trace file holds: a training step's rollouts or an evaluation's."""
 
+STORED_DEPTH = 200
+"""Deepest nesting stored; deeper containers become ``TRUNCATED`` (orjson stops at 255)."""
+TRUNCATED = "[truncated: nested too deep to store]"
+"""What stands for a container nested deeper than ``STORED_DEPTH``."""
+
 _DUMP = orjson.OPT_NON_STR_KEYS
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson writes as a JSON integer
+_log = logging.getLogger(__name__)
 _NAME = re.compile(r"^(train|eval)_(\d{6,})\.jsonl\.gz$")
 
 
@@ -381,12 +397,57 @@ class TraceWriter:
         return await asyncio.to_thread(self._write, kind, step, weight_version, records, ids, t0)
 
 
+def storable(value: Any, depth: int = 0) -> Any:
+    """``value`` with what orjson cannot write replaced: integers outside 64 bits by their
+    decimal string, containers nested deeper than ``STORED_DEPTH`` by ``TRUNCATED``.
+
+    Recursion stops at ``STORED_DEPTH``, far below Python's limit, whatever ``value`` nests.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str | float):
+        return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _INT_MAX else str(value)
+    if isinstance(value, enum.Enum):
+        return storable(value.value, depth)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        if depth >= STORED_DEPTH:
+            return TRUNCATED
+        if isinstance(value, Mapping):
+            return {_key(k): storable(v, depth + 1) for k, v in value.items()}
+        return [storable(v, depth + 1) for v in value]
+    return value  # orjson writes it natively (datetime, UUID) or by its str()
+
+
+def _key(key: Any) -> Any:
+    """A mapping key orjson writes (``OPT_NON_STR_KEYS``): a big integer as its string."""
+    if isinstance(key, int) and not isinstance(key, bool) and not _INT_MIN <= key <= _INT_MAX:
+        return str(key)
+    return key
+
+
+def _line(record: Mapping[str, Any]) -> bytes:
+    """One JSONL line; a record orjson refuses is made ``storable`` first, and one that is
+    still refused keeps only its ids and the error, so no record stops the file."""
+    # orjson writes NaN and infinities as null, any other type by its str()
+    try:
+        return orjson.dumps(record, default=str, option=_DUMP) + b"\n"
+    except TypeError:
+        pass
+    try:
+        return orjson.dumps(storable(record), default=str, option=_DUMP) + b"\n"
+    except TypeError as exc:
+        _log.warning("trace record %s could not be stored: %s", record.get("rollout_id"), exc)
+        keep = {k: storable(record.get(k)) for k in ("rollout_id", "group_id", "status", "reward", "advantage")}
+        return orjson.dumps({**keep, "error": f"trace record not storable: {exc}"}, default=str) + b"\n"
+
+
 def write_trace_file(path: Path, header: Mapping[str, Any], records: Iterable[Mapping[str, Any]]) -> int:
     """Write one trace file atomically (``.tmp``, then rename); returns its size in bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    # orjson writes NaN and infinities as null, any other type by its str()
-    body = b"".join(orjson.dumps(r, default=str, option=_DUMP) + b"\n" for r in (header, *records))
+    body = b"".join(_line(r) for r in (header, *records))
     # mtime=0: the same rollouts give the same bytes. No fsync: a trace lost to a power
     # cut costs a view, not the run, and the step should not wait for the disk.
     tmp.write_bytes(gzip.compress(body, compresslevel=6, mtime=0))
