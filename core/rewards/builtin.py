@@ -1,12 +1,13 @@
 """Built-in reward functions: answer match (exact or regex) and a math-answer checker.
 
 Both compare the rollout's final answer (the last message the model generated)
-with the payload's ground truth under ``reward.answer_key``.
+with the payload's ground truth under ``reward.answer_key``. ``reward.pattern`` is
+matched with RE2 (``core.safe_regex``): the text is the policy's, and a backtracking
+engine would let it stall the run on a pattern like ``^(a+)+$``.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.rewards.base import RewardConfig, RewardInput, RewardOutput
+from core.safe_regex import RegexError, compile_regex
 
 __all__ = ["MatchReward", "MatchRewardConfig", "MathReward", "MathRewardConfig"]
 
@@ -31,8 +33,9 @@ class MatchRewardConfig(RewardConfig):
     answer_key: str = "answer"
     """Payload field with the expected answer; empty: ``pattern`` alone decides."""
     pattern: str = ""
-    """Regex searched in the final answer; its first group (or the whole match) is the
-    answer compared. Empty: the whole stripped final answer."""
+    """Regex (RE2 syntax: no backreferences or lookaround) searched in the final answer;
+    its first group (or the whole match) is the answer compared. Empty: the whole
+    stripped final answer."""
     ignore_case: bool = False
     """Compare case-insensitively."""
 
@@ -44,9 +47,9 @@ class MatchReward:
         self.answer_key = str(config.answer_key)
         self.ignore_case = bool(config.ignore_case)
         try:
-            self.pattern = re.compile(str(config.pattern)) if config.pattern else None
-        except re.error as exc:
-            raise ConfigError(f"reward.pattern={config.pattern!r} is not a valid regex: {exc}") from exc
+            self.pattern: Any = compile_regex(str(config.pattern)) if config.pattern else None
+        except RegexError as exc:
+            raise ConfigError(f"reward.pattern is not a valid regex: {exc}") from exc
         if self.pattern is None and not self.answer_key:
             raise ConfigError("reward=match needs reward.answer_key, reward.pattern, or both")
 
