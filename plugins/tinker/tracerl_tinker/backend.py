@@ -18,15 +18,22 @@ Every Tinker call returns a future; they are awaited with ``await_result``
   is what ``load_state`` and ``backend.resume_from`` take. Loading builds a new
   training client with ``create_training_client_from_state_with_optimizer``
   (``TrainingClient.load_state*`` are deprecated in 0.38).
+- Servers other than Thinking Machines' speak the same API with differences
+  the SDK does not absorb (found against SkyRL tx, see ``compat``): no loss
+  metric (the loss is then the sum of each datum's ``elementwise_loss``), no
+  sequence ids on samples, no session-scoped ``load_weights`` (restoring then
+  falls back to a new LoRA client plus a per-model load), no session-finish
+  route (closing then only releases the client).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.algo.losses import (
@@ -41,6 +48,7 @@ from core.errors import ConfigError, TrainingError
 from core.interfaces import LossName
 from core.remote_sdk import SamplerSlot, await_result, call_blocking, missing_keys_error
 from core.types import AdamParams, Datum, ForwardBackwardResult
+from tracerl_tinker import compat
 from tracerl_tinker.sampler import TinkerSampler
 
 logger = logging.getLogger(__name__)
@@ -97,7 +105,20 @@ def make_service_client(*, api_key: str, base_url: str) -> Any:
     """
     import tinker
 
+    compat.allow_missing_sequence_ids()
     return tinker.ServiceClient(api_key=api_key, base_url=base_url or None)
+
+
+def weights_info_reader(*, api_key: str, base_url: str) -> Callable[[str], Any]:
+    """``path -> WeightsInfoResponse`` (base model, LoRA rank) through a ``tinker.RestClient``."""
+
+    def read(path: str) -> Any:
+        import tinker
+
+        rest = tinker.RestClient(api_key=api_key, base_url=base_url or None)
+        return rest.get_weights_info_by_tinker_path(path).result()
+
+    return read
 
 
 def tinker_datum(datum: Datum, loss_fn: str) -> Any:
@@ -128,7 +149,7 @@ def _checkpoint_name(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(parts))[-100:]
 
 
-def _with_loss(metrics: dict[str, Any] | None) -> dict[str, float]:
+def _with_loss(metrics: dict[str, Any] | None, outputs: Any = None) -> dict[str, float]:
     out = {str(k): float(v) for k, v in (metrics or {}).items()}
     if "loss" not in out:
         for key in LOSS_METRIC_KEYS:
@@ -136,8 +157,55 @@ def _with_loss(metrics: dict[str, Any] | None) -> dict[str, float]:
                 out["loss"] = out[key]
                 break
         else:
-            out["loss"] = math.nan
+            summed = compat.loss_from_outputs(outputs)
+            out["loss"] = math.nan if summed is None else summed
     return out
+
+
+def restore_training_client(
+    service: Any,
+    path: str,
+    *,
+    base_model: str,
+    lora: dict[str, Any],
+    weights_info: Callable[[str], Any] | None = None,
+) -> Any:
+    """A training client with the weights and optimizer state saved at ``path`` (blocking).
+
+    ``create_training_client_from_state_with_optimizer`` first; a server that
+    refuses its request (SkyRL tx 0.4.0: 422, no ``model_id``) gets what older
+    SDKs sent instead: a new LoRA client (``base_model`` and rank from the
+    checkpoint's weights info when not configured) and a per-model
+    ``load_weights`` with the optimizer.
+    """
+    try:
+        return service.create_training_client_from_state_with_optimizer(
+            path, base_model=base_model or None
+        ).result()
+    except Exception as exc:
+        if not compat.is_refusal(exc):
+            raise
+        logger.info(
+            "the Tinker server refused create_training_client_from_state_with_optimizer (%s); "
+            "restoring %s into a new LoRA client instead", exc, path,
+        )
+    kwargs = dict(lora)
+    if not base_model:
+        if weights_info is None:
+            raise ConfigError(
+                f"cannot restore {path}: the server refused create_training_client_from_state_with_optimizer "
+                "and no backend.base_model was given to create the LoRA client with"
+            )
+        info = weights_info(path)
+        base_model = str(info.base_model)
+        kwargs["rank"] = int(info.lora_rank or kwargs["rank"])
+    training = service.create_lora_training_client(base_model=base_model, **kwargs).result()
+    load = getattr(training, "_load_state_impl", None)
+    if load is not None:  # the request load_state_with_optimizer sends, without its deprecation log
+        load(path, optimizer=True, weights_access_token=None).result()
+    else:  # pragma: no cover - SDKs without the private helper
+        training.load_state_with_optimizer(path).result()
+    return training
 
 
 class TinkerBackend:
@@ -155,6 +223,9 @@ class TinkerBackend:
         model_id: str,
         timeout_s: float,
         checkpoint_ttl_seconds: int | None = None,
+        base_model: str = "",
+        lora: dict[str, Any] | None = None,
+        weights_info: Callable[[str], Any] | None = None,
     ) -> None:
         self._service = service
         self._training = training_client
@@ -163,6 +234,9 @@ class TinkerBackend:
         self._model_id = model_id
         self._timeout_s = timeout_s
         self._ttl = checkpoint_ttl_seconds
+        self._base_model = base_model
+        self._lora = dict(lora or {"rank": 32})
+        self._weights_info = weights_info
         self._sampler = TinkerSampler(self._slot, tokenizer=tokenizer, timeout_s=timeout_s)
         self._failed = False
         self._closed = False
@@ -192,23 +266,30 @@ class TinkerBackend:
             tokenizer = load_tokenizer(tokenizer_name)
         timeout_s = float(cfg_get(node, "request_timeout_s", 900.0))
         service = make_service_client(api_key=resolved["api_key"], base_url=resolved["base_url"])
+        weights_info = weights_info_reader(api_key=resolved["api_key"], base_url=resolved["base_url"])
+        lora = {
+            "rank": resolved["rank"],
+            "seed": cfg_get(node, "seed", None),
+            "train_mlp": bool(cfg_get(node, "train_mlp", True)),
+            "train_attn": bool(cfg_get(node, "train_attn", True)),
+            "train_unembed": bool(cfg_get(node, "train_unembed", True)),
+        }
         try:
             if resolved["resume_from"]:
                 training = call_blocking(
-                    lambda: service.create_training_client_from_state_with_optimizer(
-                        resolved["resume_from"], base_model=resolved["base_model"] or None
-                    ).result(),
+                    lambda: restore_training_client(
+                        service,
+                        resolved["resume_from"],
+                        base_model=resolved["base_model"],
+                        lora=lora,
+                        weights_info=weights_info,
+                    ),
                     what="tinker create_training_client_from_state_with_optimizer",
                 )
             else:
                 training = call_blocking(
                     lambda: service.create_lora_training_client(
-                        base_model=resolved["base_model"],
-                        rank=resolved["rank"],
-                        seed=cfg_get(node, "seed", None),
-                        train_mlp=bool(cfg_get(node, "train_mlp", True)),
-                        train_attn=bool(cfg_get(node, "train_attn", True)),
-                        train_unembed=bool(cfg_get(node, "train_unembed", True)),
+                        base_model=resolved["base_model"], **lora
                     ).result(),
                     what="tinker create_lora_training_client",
                 )
@@ -233,6 +314,9 @@ class TinkerBackend:
             model_id=str(cfg_get(node, "model_id", "") or resolved["base_model"] or "tinker"),
             timeout_s=timeout_s,
             checkpoint_ttl_seconds=cfg_get(node, "checkpoint_ttl_seconds", None),
+            base_model=resolved["base_model"],
+            lora=lora,
+            weights_info=weights_info,
         )
 
     # -- TrainingBackend ------------------------------------------------------
@@ -277,7 +361,9 @@ class TinkerBackend:
             tensor = item.get("logprobs") if isinstance(item, dict) else None
             if tensor is not None:
                 logprobs.append([float(x) for x in tensor.tolist()])
-        return ForwardBackwardResult(metrics=_with_loss(out.metrics), logprobs=logprobs)
+        return ForwardBackwardResult(
+            metrics=_with_loss(out.metrics, out.loss_fn_outputs), logprobs=logprobs
+        )
 
     async def optim_step(self, params: AdamParams) -> dict[str, float]:
         """Tinker's Adam step with core's settings (Tinker's own defaults are not used)."""
@@ -317,10 +403,28 @@ class TinkerBackend:
             raise ConfigError(
                 f"Tinker can only load tinker:// paths returned by save_state, got {path!r}"
             )
-        self._training = await self._call(
-            lambda: self._service.create_training_client_from_state_with_optimizer(path),
-            "tinker create_training_client_from_state_with_optimizer",
-        )
+        what = "tinker create_training_client_from_state_with_optimizer"
+        if self._closed:
+            raise TrainingError(f"{what}: the Tinker backend is closed")
+        try:
+            self._training = await asyncio.wait_for(
+                asyncio.to_thread(
+                    restore_training_client,
+                    self._service,
+                    str(path),
+                    base_model=self._base_model,
+                    lora=self._lora,
+                    weights_info=self._weights_info,
+                ),
+                self._timeout_s,
+            )
+        except Exception as exc:
+            self._failed = True
+            if isinstance(exc, ConfigError | TrainingError):
+                raise
+            if isinstance(exc, TimeoutError):
+                raise TrainingError(f"{what} timed out after {self._timeout_s:.0f}s") from exc
+            raise TrainingError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
         await self.sync_sampler()
 
     async def aclose(self) -> None:
@@ -334,7 +438,10 @@ class TinkerBackend:
                 self._service.close(status), what="tinker close", timeout=60.0
             )
         except Exception as exc:  # closing must not mask the run's own outcome
-            logger.warning("closing the Tinker session failed: %s", exc)
+            if compat.status_code(exc) == 404:  # SkyRL tx: no /sessions/{id}/finish; the SDK still released the client
+                logger.info("the Tinker server has no session-finish route; the client was released")
+            else:
+                logger.warning("closing the Tinker session failed: %s", exc)
 
     async def _call(self, submit: Any, what: str) -> Any:
         if self._closed:
