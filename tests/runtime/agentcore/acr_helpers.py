@@ -8,7 +8,6 @@ stand-in (``core.testing.agentcore_standin``) and S3 is moto's server mode, both
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,6 @@ CREDS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-west-2",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def agent_env(**extra: str) -> dict[str, str]:

@@ -6,7 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from acr_helpers import BUCKET, CREDS, free_port
+from acr_helpers import BUCKET, CREDS
+
+from tests.runtime.moto_s3 import moto_s3_server
 
 
 @pytest.fixture(autouse=True)
@@ -24,25 +26,5 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 (standing in for S3, which CI cannot reach), bucket made."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-west-2",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    try:
-        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-    except s3.exceptions.BucketAlreadyOwnedByYou:
-        pass  # moto's state is per process: another server in this run made it already
-    try:
+    with moto_s3_server(BUCKET, region="us-west-2") as endpoint:
         yield endpoint
-    finally:
-        server.stop()

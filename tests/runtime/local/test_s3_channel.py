@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ from local_runtime_helpers import agent_env, make_request
 
 from core.runtime.local import LocalRuntime
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
+from tests.runtime.moto_s3 import moto_s3_server
 
 pytestmark = pytest.mark.integration
 
@@ -32,22 +32,8 @@ CREDS = {
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server in this process (threaded), with the results bucket created."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **_keys()).create_bucket(
-        Bucket=BUCKET
-    )
-    try:
+    with moto_s3_server(BUCKET) as endpoint:
         yield endpoint
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)

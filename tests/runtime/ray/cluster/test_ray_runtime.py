@@ -21,6 +21,7 @@ from core.runtime.ray.runtime import ACTOR_PREFIX
 from core.testing import CONFORMANCE_AGENT, RuntimeConformance, build_runtime
 from core.testing.runtime_conformance import conformance_request
 from core.types import RolloutStatus
+from tests.runtime.moto_s3 import moto_s3_server
 from tests.runtime.ray.cluster.ray_test_cluster import agent_actor_states, agent_actors
 
 pytestmark = pytest.mark.ray
@@ -202,15 +203,7 @@ def test_an_agentcore_rl_app_agent_runs_unchanged_with_results_in_s3(ray_cluster
     under ``runtime=ray`` with ``result_channel=s3``: the agents write results to S3, the actors
     poll them. S3 is moto's server on 127.0.0.1, standing in for AWS we cannot reach; the
     actors get its credentials through ``runtime.runtime_env`` (Ray's ``env_vars``)."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, **_boto_creds()).create_bucket(Bucket="rollouts")
+    with moto_s3_server("rollouts") as endpoint:
         rt = RayRuntime(
             "art_agent_original:app",
             address=ray_cluster.address,
@@ -231,18 +224,9 @@ def test_an_agentcore_rl_app_agent_runs_unchanged_with_results_in_s3(ray_cluster
             return await asyncio.gather(*(rt.run_rollout(r) for r in [*reqs, bad]))
 
         results = _run(rt, body)
-    finally:
-        server.stop()
     for req, res in zip(reqs, results[:-1], strict=True):
         assert res.status is RolloutStatus.OK and res.reward == req.payload["reward"], res.error
     assert results[-1].status is RolloutStatus.CRASHED
     assert "toolkit agent failed on purpose" in (results[-1].error or "")
     assert len(rt.rollouts_per_node) == 2, rt.rollouts_per_node
 
-
-def _boto_creds() -> dict[str, str]:
-    return {
-        "region_name": CREDS["AWS_DEFAULT_REGION"],
-        "aws_access_key_id": CREDS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": CREDS["AWS_SECRET_ACCESS_KEY"],
-    }
