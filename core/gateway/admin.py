@@ -59,10 +59,14 @@ class CreateSessionBody(BaseModel):
 
 
 class RewardBody(BaseModel):
-    """Body of ``POST /admin/rollouts/{id}/reward``: the reward of a rollout left pending."""
+    """Body of ``POST /admin/rollouts/{id}/reward``: the reward of a rollout left pending.
+
+    Strict: a JSON number, finite. ``true`` and ``"0.5"`` are refused (lax parsing took them
+    for 1.0 and 0.5: a client bug would have trained as a reward), as are ``NaN``,
+    ``Infinity`` and numbers that overflow to them."""
 
     model_config = ConfigDict(extra="forbid")
-    reward: float = Field(allow_inf_nan=False)
+    reward: float = Field(allow_inf_nan=False, strict=True)
 
 
 _Body = TypeVar("_Body", bound=BaseModel)

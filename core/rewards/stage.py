@@ -203,11 +203,18 @@ def build_reward_stage(cfg: Any, plugins: Any, runner: Any = None) -> RewardStag
 
 
 def component_metrics(outcomes: Sequence[RolloutOutcome]) -> dict[str, float]:
-    """Mean of each ``reward/<component>`` over the ``ok`` outcomes that carry it."""
+    """Mean of each ``reward/<component>`` over the ``ok`` outcomes that carry it.
+
+    An outcome's metrics are partly the agent's own, so the names the run logs itself
+    (``reward/mean``, ``reward/std``: ``RESERVED_COMPONENTS``) and values that are not
+    finite numbers are left out: an agent reporting ``reward/mean`` overwrote the run's
+    logged reward (an untrained policy showed 0.990)."""
+    reserved = {f"reward/{name}" for name in RESERVED_COMPONENTS}
     values: dict[str, list[float]] = {}
     for o in outcomes:
         if o.result.status is RolloutStatus.OK:
             for key, value in o.result.metrics.items():
-                if key.startswith("reward/"):
-                    values.setdefault(key, []).append(value)
+                number = _finite(value)
+                if key.startswith("reward/") and key not in reserved and number is not None:
+                    values.setdefault(key, []).append(number)
     return {key: sum(v) / len(v) for key, v in sorted(values.items())}

@@ -145,7 +145,7 @@ def test_third_party_reward_plugin_registers_and_is_chosen_by_name(monkeypatch: 
 def _judge_scores(body: dict[str, Any]) -> str:
     """Scores each trajectory by the digit it answered: digit / 9 (so the ranking is known)."""
     user = body["messages"][-1]["content"]
-    found = re.findall(r'<trajectory id="(t\d+)">.*?assistant: (\S*)\s*</trajectory>', user, re.S)
+    found = re.findall(r'<trajectory-[0-9a-f]+ id="(t\d+)">.*?assistant: (\S*)\s*</trajectory-[0-9a-f]+>', user, re.S)
     scores = [{"id": tid, "score": (int(a) / 9 if a.isdigit() else 0.0), "why": "digit"} for tid, a in found]
     return "Here you go:\n" + json.dumps({"scores": scores})
 
