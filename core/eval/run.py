@@ -121,7 +121,6 @@ async def run_eval(
     sampling: SamplingParams,
     rewards: Any = None,
     progress: bool = False,
-    group_prefix: str = "eval",
 ) -> tuple[list[RolloutOutcome], list[EvalRow]]:
     """Run ``samples_per_prompt`` rollouts of every payload; the outcomes and their rows.
 
@@ -142,7 +141,7 @@ async def run_eval(
         bar = tqdm(total=len(payloads) * samples_per_prompt, desc="eval", unit="rollout", file=sys.stderr)
     try:
         outcomes = await runner.run_groups(
-            [(f"{group_prefix}{i}", p) for i, p in enumerate(payloads)],
+            [(f"eval{i}", p) for i, p in enumerate(payloads)],
             group_size=samples_per_prompt,
             sampling=sampling,
             on_done=(lambda _o: bar.update(1)) if bar is not None else None,

@@ -68,9 +68,9 @@ class RowSpec:
     tools: list[list[int]] = field(default_factory=list)
 
 
-def _row(session_id: str, rollout_id: str, group_id: str, *, index: int, spec: RowSpec,
-         status: RolloutStatus, reward: float | None) -> TraceRecord:
-    """Build one row of ``spec``; tool results and the prompt are not trained."""
+def _row(request: RolloutRequest, result: RolloutResult, *, index: int, spec: RowSpec) -> TraceRecord:
+    """Build one row of ``spec`` for ``request``'s rollout, which ended as ``result``; tool
+    results and the prompt are not trained."""
     prompt, turns, tools = spec.prompt, spec.turns, spec.tools
     ids = list(prompt)
     mask = [0] * len(prompt)
@@ -87,17 +87,17 @@ def _row(session_id: str, rollout_id: str, group_id: str, *, index: int, spec: R
             mask += [0] * len(tools[t])
             logprobs += [0.0] * len(tools[t])
     row = TraceRecord(
-        session_id=session_id,
+        session_id=request.session_id,
         token_ids=ids,
         loss_mask=mask,
         logprobs=logprobs,
         prompt_length=len(prompt),
         turns=spans,
         row_index=index,
-        rollout_id=rollout_id,
-        group_id=group_id,
-        reward=reward if status is RolloutStatus.OK else None,
-        status=status,
+        rollout_id=request.rollout_id,
+        group_id=request.group_id,
+        reward=result.reward,
+        status=result.status,
         metadata={"turns": len(turns), "forks": 0},
     )
     row.validate()
@@ -122,8 +122,7 @@ def _rollout(rollout_id: str, group_id: str, status: RolloutStatus, reward: floa
         error=None if status is RolloutStatus.OK else f"parity fixture: {status.value}",
     )
     built = [
-        _row(sid, rollout_id, group_id, index=i, spec=spec, status=status, reward=reward)
-        for i, spec in enumerate(rows)
+        _row(request, result, index=i, spec=spec) for i, spec in enumerate(rows)
     ]
     if len(built) > 1:
         for row in built:
