@@ -22,7 +22,6 @@ Imports inside functions count: a lazy import hides a dependency, it does not re
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
