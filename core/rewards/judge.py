@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from core.errors import ConfigError
 from core.rewards.base import RewardConfig, RewardInput, RewardOutput, transcript
@@ -86,6 +88,8 @@ class JudgeRewardConfig(RewardConfig):
     """Most replies kept (least recently used dropped first); 0 caches nothing."""
     seed: int = 0
     """Seed of the order a relative judge is shown a group's trajectories in (shuffled per request)."""
+    allow_plain_http: bool = False
+    """Send the judge's key to a plain-http endpoint that is not loopback (in clear text)."""
 
 
 _TAG_LIKE = re.compile(r"<(/?)(\s*trajector)", re.IGNORECASE)
@@ -96,6 +100,27 @@ PROMPT_VERSION = 2
 def neutralise(text: str) -> str:
     """``text`` with anything that looks like a trajectory tag escaped (``<`` as ``&lt;``)."""
     return _TAG_LIKE.sub(lambda m: "&lt;" + m.group(1) + m.group(2), text)
+
+
+def _check_endpoint(endpoint: str, key_env: str, has_key: bool, allow_plain_http: bool) -> None:
+    """Refuse to send a key where it travels in clear text: a judge endpoint must be https,
+    or plain http on loopback, unless ``reward.allow_plain_http`` says otherwise."""
+    url = urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"reward.endpoint={endpoint!r} must be an http(s) URL such as https://api.openai.com/v1")
+    if url.scheme == "https" or not has_key or allow_plain_http:
+        return
+    host = url.hostname
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"reward.endpoint={endpoint!r} is plain http to {host!r}, not loopback: the judge's key "
+            f"(${key_env}) would cross the network in clear text. Use an https endpoint, or set "
+            "reward.allow_plain_http=true to send the key anyway (a trusted private network)"
+        )
 
 
 class JudgeError(Exception):
@@ -120,6 +145,8 @@ class JudgeReward:
         self.cfg = config
         self.url = str(config.endpoint).rstrip("/") + "/chat/completions"
         self.api_key = os.environ.get(str(config.api_key_env), "") or "EMPTY"
+        _check_endpoint(str(config.endpoint), str(config.api_key_env), self.api_key != "EMPTY",
+                        bool(getattr(config, "allow_plain_http", False)))
         self._sem = asyncio.Semaphore(int(config.concurrency))
         self.cache_size = size
         self._cache: OrderedDict[str, dict[str, float]] = OrderedDict()
