@@ -121,3 +121,33 @@ def test_logprob_text_is_cached_per_token_id(byte_tokenizer: Any, monkeypatch: p
     text.CACHE_IDS = 3
     small = text.logprobs(ids[:50], [0.0] * 50)
     assert [e.token for e in small] == [e.token for e in first[:50]]  # cleared and refilled, still right
+
+
+def test_response_metadata_is_bounded_per_stored_response(harness: Harness) -> None:
+    """Stored responses kept their ``metadata`` outside every bound: 60 requests with 4 MB each
+    took the gateway from 94 to 337 MB (issue #29). OpenAI's limits (16 pairs, keys of 64
+    characters, values of 512) are enforced, so each of those is a 400 that keeps nothing."""
+    h = harness
+    h.sampler.default = h.reply("ok")
+    sid = h.session()
+    client = h.openai(sid)
+    big = {"k": "x" * 4_000_000}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(60):
+            with pytest.raises(openai.BadRequestError) as exc:
+                client.responses.create(model="tiny", input="hi", metadata=big)
+            assert exc.value.body["param"] == "metadata"  # type: ignore[index]
+            assert "at most 16 pairs" in str(exc.value) and "512" in str(exc.value)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert h.gw.session(sid).responses == {}
+    assert held < 20_000_000, held  # not 60 x 4 MB
+    for bad in ({f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="tiny", input="hi", metadata=bad)
+    most = {f"{i:064d}": "v" * 512 for i in range(16)}
+    done = client.responses.create(model="tiny", input="hi", metadata=most)
+    assert done.metadata == most and len(h.gw.session(sid).responses) == 1
