@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -353,6 +354,15 @@ class Gateway:
             raise sampler_failed(
                 f"the sampler returned {type(result).__name__} with "
                 f"{len(getattr(result, 'token_ids', ()))} tokens for max_tokens={params.max_tokens}"
+            )
+        bad = next((i for i, lp in enumerate(result.logprobs) if not math.isfinite(lp)), None)
+        if bad is not None:
+            # A NaN or infinite logprob would reach the loss (importance ratios, KL) and
+            # poison the whole batch: the turn fails here, as a sampler error.
+            s.counters["sampler_errors"] += 1
+            raise sampler_failed(
+                f"the sampler returned logprob {result.logprobs[bad]!r} for token {bad} of "
+                f"{len(result.logprobs)}: logprobs must be finite numbers (check the sampling backend)"
             )
         return result
 

@@ -1,6 +1,7 @@
-"""Values from a dataset, an agent or the model that JSON allows but orjson cannot write
-(integers of 2**64 and more, nesting deeper than 254) never stop a step's trace write
-(issue #29): the trace keeps what it can and the run goes on."""
+"""Values from a dataset, an agent, the model or a sampler that could stop or poison a run
+(issue #29): integers of 2**64 and more and nesting deeper than 254 (JSON allows them,
+orjson cannot write them) never stop a step's trace write (the trace keeps what it can and
+the run goes on); a sampler's NaN or infinite logprob is refused before it is recorded."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from core.rollout import RolloutOutcome
 from core.rundir.traces import (
@@ -20,7 +22,16 @@ from core.rundir.traces import (
     rows_of,
     trace_path,
 )
-from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams, TraceRecord
+from core.samplers import encode_reply
+from core.types import (
+    FinishReason,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    SampleResult,
+    SamplingParams,
+    TraceRecord,
+)
 from tests.gateway.conftest import CALC_TOOL, Harness
 
 BIG = 2**64 + 2
@@ -132,3 +143,30 @@ def test_agent_and_model_values_through_the_gateway_reach_the_trace(harness: Har
     assert second.status_code == 200, second.text
     stored = _write_session(h, sid, tmp_path, 2)
     assert TRUNCATED in json.dumps(stored["conversation"])
+
+
+class _BadLogprobSampler:
+    """Returns "ok" with one logprob replaced by ``bad``."""
+
+    def __init__(self, tok: Any, bad: float) -> None:
+        self.tok, self.bad = tok, bad
+
+    async def sample(self, prompt_token_ids: Any, params: SamplingParams, *, session_id: str) -> SampleResult:
+        ids = encode_reply(self.tok, "ok")
+        logprobs = [-0.5] * len(ids)
+        logprobs[1] = self.bad
+        return SampleResult(ids, logprobs, FinishReason.STOP, 0)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_sampler_s_non_finite_logprob_is_refused(make_harness: Any, byte_tokenizer: Any, bad: float) -> None:
+    h = make_harness(sampler=_BadLogprobSampler(byte_tokenizer, bad))
+    sid = h.session()
+    r = _post(h, "/v1/chat/completions", sid, {"model": "tiny", "messages": [{"role": "user", "content": "go"}]})
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["code"] == "sampler_error" and "logprobs must be finite" in error["message"]
+    assert repr(bad) in error["message"]
+    session = h.gw.session(sid)
+    assert session.counters["sampler_errors"] == 1 and session.turns == []
+    assert h.call(h.gw.finish_session, sid) == []
