@@ -407,7 +407,7 @@ class ChatRenderer:
             return 0
         with self._anchor_lock:
             for entry in self._anchor_cache.get(self._key(tools, reasoning), ()):
-                if entry[0] == tools:
+                if same_json(entry[0], tools):
                     return len(entry[1])
         return default
 
@@ -418,7 +418,8 @@ class ChatRenderer:
     def _anchor(
         self, tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = ()
     ) -> tuple[str, str]:
-        """(anchor text, closer) for ``tools``, cached by tool names and matched by equality.
+        """(anchor text, closer) for ``tools``, cached by tool names and matched by ``same_json``
+        (equal, keys in the same order: what renders the same), never by ``==``.
 
         ``call``: the anchor's assistant message calls these tools (the served turn's, so a
         template that names the last call in the tool results that follow renders them
@@ -428,7 +429,7 @@ class ChatRenderer:
         key = self._key(tools, reasoning, call)
         with self._anchor_lock:
             for entry in self._anchor_cache.get(key, ()):
-                if entry[0] == tools:
+                if same_json(entry[0], tools):
                     self._anchor_cache.move_to_end(key)
                     return entry[1], entry[2]
         text = self.render_text(_anchor_messages(reasoning, call), tools, add_generation_prompt=False)
@@ -552,6 +553,34 @@ class ChatRenderer:
                 closer = closer[len(emitted_closer) :]
             text = closer + full[len(anchor_text) :]
         return text
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` render the same: equal, with dict keys in the same order and
+    the same types throughout (``==`` ignores key order and takes ``1`` for ``1.0`` and
+    ``True``, which a template's ``tojson`` writes differently). The anchor cache is shared
+    by every session of a renderer, so matching by ``==`` gave one client's anchor (its
+    tools' JSON in its key order) to another client's session, whose tail then no longer
+    extended its render: a second row (issue #29). Iterative: tools nest as deep as a
+    request body may."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if x is y:
+            continue
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            if list(x) != list(y):
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, list | tuple):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif x != y:
+            return False
+    return True
 
 
 def _anchor_messages(reasoning: bool, calls: tuple[str, ...] = ()) -> list[dict[str, Any]]:
