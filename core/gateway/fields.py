@@ -15,8 +15,8 @@ from typing import Any
 from core.gateway.errors import bad_request
 
 __all__ = ["ANTHROPIC_FIELDS", "ANTHROPIC_UNHONOURED", "CHAT_FIELDS", "OPENAI_UNHONOURED", "Fields", "Unhonoured",
-           "check_fields", "drop_ignored", "key_list", "opt_bool", "opt_int", "opt_number", "opt_stop", "preview", "refuse_unhonoured",
-           "short_repr"]
+           "VERBOSITIES", "check_fields", "drop_ignored", "key_list", "opt_bool", "opt_int", "opt_number", "opt_stop", "preview", "refuse_unhonoured",
+           "short_repr", "verbosity_hint"]
 
 
 def short_repr(v: Any, limit: int = 60) -> str:
@@ -138,7 +138,6 @@ OPENAI_UNHONOURED: Unhonoured = {
     "audio": (_empty, "the model answers in text only"),
     "modalities": (lambda v: v == ["text"], "the model answers in text only; send ['text'] or drop it"),
     "web_search_options": (_empty, "the gateway has no web search; drop it"),
-    "verbosity": (lambda v: v == "medium", "the model has no verbosity control; send 'medium' or drop it"),
     "moderation": (_empty, "the gateway moderates neither the input nor the output; drop it"),
     # vLLM / SGLang extensions clients pass through extra_body
     "repetition_penalty": (_one, _SAMPLER),
@@ -175,6 +174,24 @@ ANTHROPIC_UNHONOURED: Unhonoured = {
 """Anthropic messages fields that change the output and are refused unless neutral."""
 
 
+VERBOSITIES = ("low", "medium", "high")
+
+
+def verbosity_hint(value: Any, param: str) -> tuple[str, ...]:
+    """``("verbosity",)`` when ``value`` asks for a verbosity other than the default: a hint
+    no chat template expresses and that constrains nothing the sampler may produce, so it is
+    accepted and counted (``hints_ignored``), never passed on (docs/gateway.md, "Hints").
+
+    Raises:
+        GatewayError: 400 naming ``param`` for a value OpenAI does not define.
+    """
+    if value is None or value == "medium":
+        return ()
+    if value not in VERBOSITIES:
+        raise bad_request(f"'{param}' must be one of {list(VERBOSITIES)}, got {preview(value)}", param=param.split(".")[0])
+    return ("verbosity",)
+
+
 def refuse_unhonoured(body: dict[str, Any], table: Unhonoured) -> None:
     """400 naming the first field of ``table`` that ``body`` sets to a value that is not neutral."""
     for key, v in body.items():
@@ -208,7 +225,7 @@ CHAT_FIELDS = Fields(
     read=frozenset({
         "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "max_completion_tokens",
         "temperature", "top_p", "top_k", "stop", "n", "stream", "stream_options", "seed", "logprobs",
-        "top_logprobs", "reasoning_effort", "chat_template_kwargs",
+        "top_logprobs", "reasoning_effort", "chat_template_kwargs", "verbosity",
     }),
     harmless=frozenset({
         "model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",

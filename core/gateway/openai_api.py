@@ -22,6 +22,7 @@ from core.gateway.fields import (
     opt_int,
     opt_number,
     opt_stop,
+    verbosity_hint,
 )
 from core.gateway.messages import openai_tools, openai_units
 from core.gateway.reasoning_switches import (
@@ -111,6 +112,7 @@ def parse_chat_request(body: dict[str, Any], reasoning: ReasoningSwitches = AS_I
         logprobs=logprobs,
         template_kwargs=kwargs or None,
         strict=strict_schemas(tools),
+        hints_ignored=verbosity_hint(body.get("verbosity"), "verbosity"),
     )
     return req, stream, include_usage
 

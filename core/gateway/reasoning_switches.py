@@ -144,8 +144,9 @@ def openai_reasoning(body: dict[str, Any], reasoning: ReasoningSwitches) -> dict
     """Template variables for an OpenAI ``reasoning_effort`` field.
 
     Passed as ``reasoning_effort`` to a template that takes it (gpt-oss); on a template
-    with an on/off switch, ``none`` turns thinking off; anything else is a 400 (a level
-    the template cannot express).
+    with an on/off switch, ``none`` turns thinking off; on a template that never reasons,
+    ``none`` is what it does already (as Anthropic ``thinking: disabled`` is); anything
+    else is a 400 (a level the template cannot express).
     """
     v = body.get("reasoning_effort")
     if v is None:
@@ -156,6 +157,8 @@ def openai_reasoning(body: dict[str, Any], reasoning: ReasoningSwitches) -> dict
         return {"reasoning_effort": v}
     if reasoning.switch is not None and v == "none":
         return {reasoning.switch: False}
+    if v == "none" and reasoning.switch is None and not reasoning.always:
+        return {}  # the template never reasons: honoured as it is
     what = (
         f"only turns thinking on or off ({reasoning.switch}): send 'none' to turn it off, or "
         f"chat_template_kwargs {{'{reasoning.switch}': true}}"

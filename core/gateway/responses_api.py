@@ -29,7 +29,7 @@ from itertools import count
 from typing import Any
 
 from core.gateway.errors import SURROGATE_HINT, GatewayError, bad_request
-from core.gateway.fields import opt_bool, opt_int, opt_number, short_repr
+from core.gateway.fields import opt_bool, opt_int, opt_number, short_repr, verbosity_hint
 from core.gateway.messages import raws_of
 from core.gateway.reasoning_switches import AS_IS, ReasoningSwitches, openai_reasoning
 from core.gateway.responses_items import group_items, item_units, responses_tools
@@ -180,8 +180,7 @@ def _check_fields(body: dict[str, Any]) -> None:
                 "'text.format' must be {'type': 'text'}: the gateway does not constrain decoding to a JSON schema",
                 param="text",
             )
-        if text.get("verbosity") not in (None, "medium"):
-            raise bad_request("'text.verbosity' cannot be honoured by this model; leave it unset", param="text")
+        verbosity_hint(text.get("verbosity"), "text.verbosity")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _refuse("stream_options", "must be an object")
@@ -253,6 +252,7 @@ def parse_responses_request(
         logprobs=_LOGPROBS in (body.get("include") or ()),
         template_kwargs=kwargs or None,
         strict=strict_schemas(body.get("tools"), flat=True),
+        hints_ignored=verbosity_hint((body.get("text") or {}).get("verbosity"), "text.verbosity"),
     )
     if req.top_k is not None and (req.top_k == 0 or req.top_k < -1):
         raise bad_request(f"'top_k' must be -1 or >= 1, got {req.top_k}", param="top_k")

@@ -53,6 +53,8 @@ def turn_params(s: Session, req: TurnRequest) -> SamplingParams:
             changes.update(asked)
         else:
             s.counters["sampling_overrides_ignored"] += 1
+    if req.hints_ignored:
+        s.counters["hints_ignored"] += 1
     if req.stop:
         changes["stop"] = tuple(dict.fromkeys((*base.stop, *req.stop)))
     if not changes:

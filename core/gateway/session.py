@@ -29,6 +29,7 @@ COUNTERS = (
     "sampler_errors",
     "aborted_turns",
     "sampling_overrides_ignored",
+    "hints_ignored",
     "tool_choice_violations",
     "tool_calls_dropped",
     "strict_violations",

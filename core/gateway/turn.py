@@ -48,6 +48,9 @@ class TurnRequest:
     """Template variables for this request only (``core.gateway.reasoning_switches``)."""
     strict: dict[str, Any] | None = None
     """Schemas of the tools sent with ``strict: true``, by name (``core.gateway.strict``)."""
+    hints_ignored: tuple[str, ...] = ()
+    """Hints the request gave that the template cannot express and that constrain nothing
+    the sampler may produce (``verbosity: low``): counted in ``hints_ignored``, not passed on."""
     size: int = 0
     """Bytes of the request body; a full render of a body of ``GatewayConfig.render_offload_chars``
     or more runs in a worker thread."""

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -377,6 +378,57 @@ def _call_ids(h: Harness, sid: str) -> list[str]:
         for m in node.canon:
             ids += [c["id"] for c in m.get("tool_calls", ())]
     return ids
+
+
+def test_openai_agents_sdk_default_model_and_settings_are_served(harness: Harness) -> None:
+    """An Agent with no model: the Agents SDK 0.24 default (a gpt-5 model) sends
+    ``text: {"verbosity": "low"}`` and ``reasoning: {"effort": "none"}``, which were a 400 on the
+    first call (issue #29). Verbosity is a hint no template expresses and that constrains
+    nothing the sampler may produce: accepted and counted (``hints_ignored``); effort ``none``
+    is what a template that never reasons does anyway."""
+    from agents import Agent, RunConfig, Runner
+    from agents.models import get_default_model_settings
+    from agents.models.openai_provider import OpenAIProvider
+    from openai import AsyncOpenAI
+
+    defaults = get_default_model_settings()
+    assert defaults.verbosity == "low" and defaults.reasoning is not None and defaults.reasoning.effort == "none"
+    h = harness
+    h.push("Hello.", "Again.")
+    sid = h.session()
+    agent = Agent(name="plain", instructions=SYSTEM)  # the SDK's default model and settings
+
+    async def run() -> list[str]:
+        client = AsyncOpenAI(base_url=h.server.base_url, api_key=sid, max_retries=0)
+        config = RunConfig(model_provider=OpenAIProvider(openai_client=client), tracing_disabled=True)
+        try:
+            first = await Runner.run(agent, "hi", run_config=config)
+            second = await Runner.run(agent, first.to_input_list() + [{"role": "user", "content": "more"}],
+                                      run_config=config)
+            return [str(first.final_output), str(second.final_output)]
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == ["Hello.", "Again."]
+    rows = h.call(h.gw.finish_session, sid)
+    assert len(rows) == 1 and len(rows[0].turns) == 2
+    assert rows[0].metadata["hints_ignored"] == 2 and rows[0].metadata["full_renders"] == 1
+
+
+def test_a_verbosity_hint_is_counted_and_a_bad_one_refused(harness: Harness) -> None:
+    h = harness
+    h.push("a", "b", "c")
+    sid = h.session()
+    client = h.openai(sid)
+    client.responses.create(model="tiny", input="x", text={"verbosity": "medium"})
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], verbosity="high")
+    assert h.gw.session(sid).counters["hints_ignored"] == 1
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="tiny", input="x", text={"verbosity": "loud"})  # type: ignore[typeddict-item]
+    assert exc.value.body["param"] == "text" and "'text.verbosity' must be one of" in str(exc.value)  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], verbosity="loud")  # type: ignore[arg-type]
+    assert exc.value.body["param"] == "verbosity"  # type: ignore[index]
 
 
 def test_openai_agents_sdk_default_model_runs_a_tool_loop(harness: Harness) -> None:
