@@ -12,6 +12,7 @@ Run with ``plugins/tinker/scripts/run_skyrl_tests.sh`` (builds SkyRL's venv).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -146,6 +147,36 @@ def test_every_rl_loss_trains_and_moves_the_weights(make_backend: Any) -> None:
         await backend.sync_sampler()
         again = await backend.sampler.sample(prompt, SamplingParams(max_tokens=2), session_id="losses")
         assert again.weight_version == 1
+
+    try:
+        asyncio.run(body())
+    finally:
+        asyncio.run(backend.aclose())
+
+
+def test_clip_thresholds_reach_the_server(make_backend: Any) -> None:
+    """core's ``clip_high`` decides the loss the server computes (SkyRL tx 0.3.0 ignored
+    ``loss_fn_config`` and clipped at 1.2 whatever was sent). With the sampler's logprobs
+    lowered by 5 nats, every ratio is e^5, so each generated token's PPO loss is
+    ``-(1 + clip_high) * A`` and its CISPO loss ``-(1 + clip_high) * A * logprob``."""
+    backend = make_backend()
+
+    async def body() -> None:
+        prompt = _prompt(backend.get_tokenizer())
+        sample = await backend.sampler.sample(prompt, SamplingParams(max_tokens=4, seed=3), session_id="clip")
+        datum = datum_from_sample(prompt, sample, advantage=1.0)
+        far = dataclasses.replace(
+            datum, logprobs=[lp - 5.0 if w > 0 else lp for lp, w in zip(datum.logprobs, datum.weights, strict=True)]
+        )
+        generated = sum(datum.weights)
+        for clip_high in (0.28, 1.0):
+            config = {"clip_low": 0.2, "clip_high": clip_high}
+            ppo = await backend.forward_backward([far], "ppo", config)
+            assert ppo.metrics["loss"] == pytest.approx(-(1 + clip_high) * generated, rel=1e-4)
+            cispo = await backend.forward_backward([far], "cispo", config)
+            trainer = sum(lp for lp, w in zip(cispo.logprobs[0], datum.weights, strict=True) if w > 0)
+            assert cispo.metrics["loss"] == pytest.approx(-(1 + clip_high) * trainer, rel=1e-4)
+        await backend.optim_step(AdamParams(learning_rate=0.0))  # drop the accumulated gradients
 
     try:
         asyncio.run(body())
