@@ -1,6 +1,6 @@
 """One run of the learning test, healthy or with one thing broken, in its own process.
 
-    python tests/trainer/learning_run.py SABOTAGE RUN_DIR [HYDRA_OVERRIDES...]
+    python tests/learning/learning_run.py SABOTAGE RUN_DIR [HYDRA_OVERRIDES...]
 
 SABOTAGE is ``none`` or one of ``SABOTAGES``. Each sabotage breaks one thing
 a silent bug could break, by patching the real code path (the loop turns
@@ -34,7 +34,7 @@ def _original(owner: Any, name: str) -> Any:
     if not hasattr(owner, name):
         raise SystemExit(
             f"sabotage cannot patch {getattr(owner, '__name__', owner)}.{name}: it no longer exists; "
-            "update tests/trainer/learning_run.py to break the code path that replaced it"
+            "update tests/learning/learning_run.py to break the code path that replaced it"
         )
     return getattr(owner, name)
 

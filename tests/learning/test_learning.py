@@ -4,7 +4,7 @@ A shortened ``python -m core.train`` (local torch backend, tiny model built
 from the seed, agent processes under the local runtime, real gateway, the
 default recipe) must lift the mean reward from near zero (a random policy
 scores about 0.002 on succ_digit) far above it. Each sabotaged variant
-(tests/trainer/learning_run.py) breaks one thing a silent bug could break:
+(tests/learning/learning_run.py) breaks one thing a silent bug could break:
 the advantage sign, the loss mask, the logprobs the ratio is computed
 against, or the weight sync. The prototype in docs/research/toy-task.md
 saw every such sabotage stay below 0.15 while healthy runs passed 0.9.
@@ -17,7 +17,7 @@ and runs to ``STEPS``, the horizon at which the healthy run, from the same
 state, has learned. A variant that stays low there is a variant that broke
 learning, not one that was merely slower. The runs are separate processes,
 ``TRACERL_LEARNING_JOBS`` (default 2) at a time. When this module's learning
-tests are selected, tests/trainer/conftest.py starts the runs as soon as
+tests are selected, tests/learning/conftest.py starts the runs as soon as
 collection ends and moves these tests to the end of the session, so the runs
 use the core the rest of the suite leaves idle instead of adding minutes after it.
 
@@ -63,7 +63,7 @@ ASYNC = "async-max-staleness-1"
 LEARNING_JOBS = max(1, int(os.environ.get("TRACERL_LEARNING_JOBS", "2")))
 ASYNC_OVERRIDES = ("trainer.mode=async", "trainer.max_staleness=1")
 RUN_OVERRIDES = ("trainer.save_traces=0",)
-"""Every run's: no per-step trace files (nothing here reads them; tests/trainer/test_traces.py
+"""Every run's: no per-step trace files (nothing here reads them; tests/rundir/test_traces.py
 covers them), which the trajectory does not depend on."""
 SABOTAGES = {
     "negated-advantages": (),
@@ -95,7 +95,7 @@ Result = tuple[Records, float]
 class LearningRuns:
     """The healthy run and every variant resumed from its checkpoint, running in a thread pool.
 
-    Started once per session (by tests/trainer/conftest.py as soon as collection ends, or
+    Started once per session (by tests/learning/conftest.py as soon as collection ends, or
     by the ``runs`` fixture); ``stop`` ends any run still going (an interrupted session).
     """
 
@@ -185,7 +185,7 @@ _started: LearningRuns | None = None
 
 
 def start_learning_runs(root: Path) -> LearningRuns:
-    """Start the runs (once per session) under ``root``; tests/trainer/conftest.py calls it early."""
+    """Start the runs (once per session) under ``root``; tests/learning/conftest.py calls it early."""
     global _started
     if _started is None:
         _started = LearningRuns(root)
@@ -193,7 +193,7 @@ def start_learning_runs(root: Path) -> LearningRuns:
 
 
 def stop_learning_runs() -> None:
-    """End whatever is still running (tests/trainer/conftest.py, at the end of the session)."""
+    """End whatever is still running (tests/learning/conftest.py, at the end of the session)."""
     if _started is not None:
         _started.stop()
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
-from scripted_openai import ScriptedOpenAI
 
 from core.errors import ConfigError
 from core.plugins import RewardRegistry, RewardSpec, hookimpl, load_plugins
@@ -28,8 +27,10 @@ from core.rundir.metrics import read_metrics
 from core.testing.fakes import CREATED, compose, fake_backend_plugin
 from core.trainer.loop import Trainer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus, TraceRecord
+from tests.eval.scripted_openai import ScriptedOpenAI
 
 HERE = Path(__file__).parent
+EVAL_AGENTS = HERE.parent / "eval"  # eval_agents.py, the agents tests/eval shares
 
 
 def _outcome(answer: str, payload: dict[str, Any], group: str = "g0", status: RolloutStatus = RolloutStatus.OK) -> RolloutOutcome:
@@ -232,7 +233,7 @@ def _loop_cfg(tmp_path: Path, *extra: str, agent: str = "core.tasks.succ_digit:a
         [
             "backend=fake", f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1", "trainer.batch_size=2",
             "trainer.group_size=4", "trainer.progress=false", "trainer.loggers=[jsonl]",
-            "runtime.num_processes=1", f"task.agent={agent}", f"+task.agent_env.PYTHONPATH={HERE}",
+            "runtime.num_processes=1", f"task.agent={agent}", f"+task.agent_env.PYTHONPATH={EVAL_AGENTS}",
             "task.generator_kwargs.rows=40", *extra,
         ],
         plugins,
