@@ -3,7 +3,10 @@
 Layout: ``<run_dir>/checkpoints/step_000010/{backend/, trainer_state.json}``.
 ``trainer_state.json`` is written last (fsynced, then renamed into place), so a
 directory without it (a run killed mid-save) is ignored on resume; one whose
-state cannot be read is skipped for the previous complete checkpoint.
+state cannot be read is skipped for the previous complete checkpoint. The state
+records the size of every file the backend wrote into a local ``backend_path``
+(fsynced first); a checkpoint whose backend files are missing, empty or of
+another size (a torn ``state.pt``) is skipped the same way.
 ``RunDirLock`` keeps two runs out of one ``run_dir``.
 """
 
@@ -21,6 +24,8 @@ from core.errors import ConfigError
 
 STATE_FILE = "trainer_state.json"
 LOCK_FILE = ".tracerl.lock"
+BACKEND_FILES = "backend_files"
+"""Key of ``trainer_state.json`` holding ``{relative path: size}`` of the backend's files."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,45 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _local_backend_dir(state: dict[str, Any]) -> Path | None:
+    """``backend_path`` when it is a directory here (a remote backend's is a URI)."""
+    where = state.get("backend_path")
+    if not isinstance(where, str) or not where or "://" in where:
+        return None
+    path = Path(where)
+    return path if path.is_dir() else None
+
+
+def _sync_backend_files(backend: Path) -> dict[str, int]:
+    """Fsync every file the backend wrote and return their sizes by relative path."""
+    sizes: dict[str, int] = {}
+    for file in sorted(backend.rglob("*")):
+        if file.is_file() and not file.is_symlink():
+            _fsync_file(file)
+            sizes[file.relative_to(backend).as_posix()] = file.stat().st_size
+    for folder in {f.parent for f in backend.rglob("*") if f.is_file()} | {backend}:
+        _fsync_dir(folder)
+    return sizes
+
+
 def write_trainer_state(path: Path, state: dict[str, Any]) -> None:
     """Write ``trainer_state.json`` atomically and durably: the data reaches the disk
-    before the rename that makes the checkpoint count, and the rename itself is synced."""
+    before the rename that makes the checkpoint count, and the rename itself is synced.
+
+    A local backend directory's files are fsynced first and their sizes recorded, so a
+    resume can tell a complete ``state.pt`` from an empty or torn one.
+    """
+    backend = _local_backend_dir(state)
+    if backend is not None:
+        state = {**state, BACKEND_FILES: _sync_backend_files(backend)}
     tmp = path / (STATE_FILE + ".tmp")
     with tmp.open("w") as f:
         f.write(json.dumps(state, indent=2))
@@ -72,6 +113,33 @@ def existing_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(c for c in root.iterdir() if (c / STATE_FILE).is_file())
 
 
+def _backend_problem(state: dict[str, Any]) -> str | None:
+    """Why the backend's files of a checkpoint cannot be loaded, or None.
+
+    Checked against the sizes recorded when it was written; a checkpoint written
+    before sizes were recorded is checked for empty files only.
+    """
+    recorded = state.get(BACKEND_FILES)
+    where = state.get("backend_path")
+    if isinstance(recorded, dict):
+        root = Path(str(where))
+        for name, size in recorded.items():
+            file = root / str(name)
+            try:
+                actual = file.stat().st_size
+            except OSError:
+                return f"backend file {file} is missing"
+            if actual != size:
+                return f"backend file {file} has {actual} bytes, {size} were written"
+        return None
+    backend = _local_backend_dir(state)
+    if backend is not None:
+        for file in sorted(backend.rglob("*")):
+            if file.is_file() and file.stat().st_size == 0:
+                return f"backend file {file} is empty"
+    return None
+
+
 def _read_state(path: Path) -> dict[str, Any] | None:
     try:
         state = json.loads((path / STATE_FILE).read_text())
@@ -84,14 +152,25 @@ def _read_state(path: Path) -> dict[str, Any] | None:
             file=sys.stderr,
         )
         return None
-    return state if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        return None
+    problem = _backend_problem(state)
+    if problem is not None:
+        print(
+            f"warning: skipping checkpoint {path}: {problem} (torn or unfinished save); "
+            "falling back to an earlier one",
+            file=sys.stderr,
+        )
+        return None
+    return state
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     """The readable complete checkpoint with the highest step, or None.
 
-    A newest checkpoint whose state file is torn or malformed (a crash or a full
-    disk while saving) is skipped with a warning for the one before it.
+    A newest checkpoint whose state file is torn or malformed, or whose backend
+    files are missing, empty or cut short (a crash or a full disk while saving),
+    is skipped with a warning naming it, for the one before it.
     """
     found: list[tuple[int, Path, dict[str, Any]]] = []
     for child in existing_checkpoints(run_dir):

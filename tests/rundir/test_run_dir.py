@@ -63,6 +63,66 @@ def test_latest_checkpoint_falls_back_past_an_unreadable_newest(
     assert "step_000004" in capsys.readouterr().err
 
 
+def _save_with_backend(run_dir: Path, step: int) -> Path:
+    path = checkpoint_dir(run_dir, step)
+    (path / "backend").mkdir(parents=True)
+    (path / "backend" / "state.pt").write_bytes(b"weights" * 100)
+    (path / "backend" / "meta.json").write_text("{}")
+    write_trainer_state(path, {"step": step, "data": {"cursor": step}, "backend_path": str(path / "backend")})
+    return path
+
+
+@pytest.mark.parametrize("damage", ["empty", "torn", "missing", "empty, written before sizes were recorded"])
+def test_resume_falls_back_past_a_checkpoint_whose_backend_state_is_empty_or_torn(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#29: an empty state.pt in the newest checkpoint crashed resume with EOFError."""
+    _save_with_backend(tmp_path, 2)
+    newest = _save_with_backend(tmp_path, 4)
+    state_pt = newest / "backend" / "state.pt"
+    if damage == "torn":
+        state_pt.write_bytes(b"weights" * 50)
+    elif damage == "missing":
+        state_pt.unlink()
+    else:
+        state_pt.write_bytes(b"")
+    if damage.startswith("empty, written before"):
+        state = json.loads((newest / "trainer_state.json").read_text())
+        del state[ckpt.BACKEND_FILES]
+        (newest / "trainer_state.json").write_text(json.dumps(state))
+    found = latest_checkpoint(tmp_path)
+    assert found is not None and found.step == 2
+    err = capsys.readouterr().err
+    assert "skipping checkpoint" in err and "step_000004" in err and "state.pt" in err
+
+
+def test_backend_files_are_fsynced_and_sized_before_the_state_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(ckpt.os, "fsync", fsync)
+    path = _save_with_backend(tmp_path, 3)
+    assert len(synced) >= 5  # two backend files, their folder, the state file, the checkpoint folder
+    state = json.loads((path / "trainer_state.json").read_text())
+    assert state[ckpt.BACKEND_FILES] == {"meta.json": 2, "state.pt": 700}
+    found = latest_checkpoint(tmp_path)
+    assert found is not None and found.step == 3
+
+
+def test_a_remote_backend_path_is_not_checked_on_disk(tmp_path: Path) -> None:
+    path = checkpoint_dir(tmp_path, 5)
+    path.mkdir(parents=True)
+    write_trainer_state(path, {"step": 5, "data": {}, "backend_path": "tinker://run/weights/5"})
+    found = latest_checkpoint(tmp_path)
+    assert found is not None and found.step == 5 and ckpt.BACKEND_FILES not in found.state
+
+
 def test_latest_checkpoint_picks_the_highest_readable_step(tmp_path: Path) -> None:
     for step in (10, 2, 30):
         _save(tmp_path, step)

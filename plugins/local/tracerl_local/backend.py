@@ -305,7 +305,10 @@ class LocalBackend:
             def write() -> None:
                 out.mkdir(parents=True, exist_ok=True)
                 tmp = out / (STATE_FILE + ".tmp")
-                torch.save(payload, tmp)
+                with tmp.open("wb") as f:  # on disk before the rename publishes it
+                    torch.save(payload, f)
+                    f.flush()
+                    os.fsync(f.fileno())
                 os.replace(tmp, out / STATE_FILE)
                 meta = {
                     "model": self.config.model,
