@@ -127,9 +127,17 @@ NEUTRAL_SETTINGS: dict[str, float] = {
     "top_p": 1.0,
     "entropy_coef": 0.0,
     "tis_cap": 0.0,
+    "dual_clip": 0.0,
 }
 """Non-clip ``loss_config`` keys core knows, at the value that changes nothing
-(``tis_cap`` 0: importance weights are not truncated)."""
+(``tis_cap`` 0: importance weights are not truncated; ``dual_clip`` 0: a
+negative-advantage ``ppo`` token is not bounded below)."""
+
+DUAL_CLIP_DEFAULT = 3.0
+"""``ppo``'s dual-clip constant when ``loss_config`` omits it (verl's ``clip_ratio_c``;
+Ye et al. 2020): a token with a negative advantage whose ratio exceeds it gets no
+gradient instead of a weight ``r`` that grows without bound. Applied by the local
+backend; Tinker's and SageMaker's ``ppo`` have no such setting."""
 
 
 LOSS_CONFIG_KEYS: tuple[str, ...] = ("clip_low", "clip_high", *CLIP_KEYS, *NEUTRAL_SETTINGS)
@@ -159,6 +167,9 @@ class LossSpec:
     tis_cap: float = 0.0
     """Truncated importance weight: each token's ``pi_trainer / pi_sampler`` weight in
     the gradient is capped here (0: no cap; else >= 1). ``algorithm.tis_cap``."""
+    dual_clip: float = 0.0
+    """``ppo`` only: a negative-advantage token whose ratio is above this gets no
+    gradient (0: off; else > 1). ``DUAL_CLIP_DEFAULT`` when not given."""
 
     def changes(self, key: str) -> bool:
         """True when ``key`` (a ``NEUTRAL_SETTINGS`` name) is away from its neutral value."""
@@ -232,7 +243,17 @@ def parse_loss_spec(
         top_p=given.get("top_p", NEUTRAL_SETTINGS["top_p"]),
         entropy_coef=given.get("entropy_coef", NEUTRAL_SETTINGS["entropy_coef"]),
         tis_cap=given.get("tis_cap", NEUTRAL_SETTINGS["tis_cap"]),
+        dual_clip=given.get("dual_clip", DUAL_CLIP_DEFAULT if loss_fn == "ppo" else 0.0),
     )
+    if "dual_clip" in given and loss_fn != "ppo" and spec.dual_clip:
+        raise ConfigError(
+            f"algorithm.loss_config.dual_clip bounds ppo's unclipped branch; loss {loss_fn!r} has "
+            "none (cispo's weight is clipped, importance_sampling's is truncated by tis_cap)"
+        )
+    if not (spec.dual_clip == 0.0 or 1.0 < spec.dual_clip < float("inf")):
+        raise ConfigError(
+            f"algorithm.loss_config.dual_clip={spec.dual_clip!r} must be 0 (off) or a finite number > 1"
+        )
     if not (spec.tis_cap == 0.0 or 1.0 <= spec.tis_cap < float("inf")):
         raise ConfigError(
             f"algorithm.tis_cap={spec.tis_cap!r} must be 0 (off) or a finite number >= 1 (a cap "
@@ -314,6 +335,12 @@ def remote_loss(
             f"setting. Drop algorithm.tis_cap (the ratio still uses the sampler's logprobs, so "
             f"off-policy tokens are corrected; ppo/cispo clip it) or use the local backend. "
             f"See {docs}. Nothing was sent to the service."
+        )
+    if float(dict(loss_config or {}).get("dual_clip", 0.0) or 0.0):
+        raise ConfigError(
+            f"backend {backend!r} cannot dual-clip (algorithm.loss_config.dual_clip="
+            f"{spec.dual_clip!r}): its ppo loss has no such setting; remove it or use the local "
+            f"backend. See {docs}. Nothing was sent to the service."
         )
     for key in ("top_k", "top_p", "entropy_coef"):
         if spec.changes(key) and (uses_sampler or key == "entropy_coef"):

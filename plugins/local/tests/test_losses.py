@@ -102,9 +102,11 @@ def test_tis_cap_truncates_the_importance_weight_in_the_gradient() -> None:
     assert capped == pytest.approx([-2.0 * adv_values[0], -r[1] * adv_values[1], -r[2] * adv_values[2]])
     # PPO with a negative advantage on a token whose ratio ran away: the unclipped branch
     # is taken (min of -4.48 and -1.2), so without a cap its weight is the full ratio.
+    # With dual-clip off (its default 3 < 4.48 gives that token no gradient at all).
     adv_values[0] = -1.0
-    assert grads("ppo")[0] == pytest.approx(r[0])
-    assert grads("ppo", tis_cap=2.0)[0] == pytest.approx(2.0)
+    assert grads("ppo", dual_clip=0.0)[0] == pytest.approx(r[0])
+    assert grads("ppo")[0] == pytest.approx(0.0)
+    assert grads("ppo", tis_cap=2.0, dual_clip=0.0)[0] == pytest.approx(2.0)
     # A cap above every ratio changes nothing.
     assert grads("ppo", tis_cap=10.0) == pytest.approx(grads("ppo"))
 

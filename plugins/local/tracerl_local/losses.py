@@ -8,15 +8,20 @@ sums over every token of the batch and divides by the batch's total weight
 
 - ``cross_entropy``:       -logp                  (advantages and ``old`` unused)
 - ``importance_sampling``: -r * adv,              r = exp(logp - old)
-- ``ppo``:                 -min(r * adv, clip(r, 1 - clip_low, 1 + clip_high) * adv)
+- ``ppo``:                 -min(r * adv, clip(r, 1 - clip_low, 1 + clip_high) * adv), and for
+  ``adv < 0`` dual-clipped: -max(that, dual_clip * adv) (``dual_clip`` default 3; 0: off),
+  so a negative-advantage token whose ratio ran away above ``dual_clip`` gets no gradient
 - ``cispo``:               -sg(clip(r, 1 - clip_low, 1 + clip_high)) * adv * logp
   (sg: stop-gradient; by default only the upper side is clipped, as in MiniMax-M1)
 
-With ``tis_cap`` (``algorithm.tis_cap``, > 0) every loss but ``cross_entropy`` is
-multiplied per token by ``sg(min(1, tis_cap / r))``: a token's importance weight
-in the gradient (``r`` for ``importance_sampling`` and unclipped ``ppo``) is at
-most ``tis_cap``, so a token the sampler found much less likely than the trainer
-does (stale weights, sampler/trainer numerics) cannot dominate the step.
+With ``tis_cap`` (``algorithm.tis_cap``, > 0) a token's importance weight in the
+gradient is at most ``tis_cap``, so a token the sampler found much less likely
+than the trainer does (stale weights, sampler/trainer numerics) cannot dominate
+the step: ``importance_sampling`` and ``ppo`` are multiplied per token by
+``sg(min(1, tis_cap / r))`` (their weight is ``r``, so it becomes ``min(r, tis_cap)``);
+``cispo``'s weight is already the stop-gradient clipped ratio, so it is capped,
+not scaled: ``sg(min(clip(r, ...), tis_cap))`` (ratio 10, clip_high 0.2, cap 2:
+weight 1.2, not 1.2 * 2 / 10).
 
 Every loss also takes ``entropy_coef`` (default 0): ``entropy_coef * H`` is
 subtracted from each trained token's loss, H being the entropy of the
@@ -51,6 +56,7 @@ class LossSettings:
     top_p: float = 1.0
     entropy_coef: float = 0.0
     tis_cap: float = 0.0
+    dual_clip: float = 0.0
 
 
 def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> LossSettings:
@@ -76,6 +82,7 @@ def parse_loss_config(loss_fn: str, loss_config: Mapping[str, float] | None) -> 
         top_p=spec.top_p,
         entropy_coef=spec.entropy_coef,
         tis_cap=spec.tis_cap,
+        dual_clip=spec.dual_clip,
     )
     if settings.temperature < 0:
         raise ConfigError(f"loss_config temperature must be >= 0, got {settings.temperature!r}")
@@ -98,7 +105,7 @@ def token_losses(
         return -logp, torch.zeros_like(logp)
     ratio = torch.exp(logp - old)
     per_token, clipped = _ratio_losses(settings, logp, ratio, adv)
-    if settings.tis_cap:
+    if settings.tis_cap and name != "cispo":  # cispo caps its weight in _ratio_losses
         per_token = per_token * truncation(ratio, settings.tis_cap)
     return per_token, clipped
 
@@ -118,8 +125,15 @@ def _ratio_losses(
     clipped_ratio = ratio.clamp(min=low, max=high)
     if name == "ppo":
         unclipped, clipped = ratio * adv, clipped_ratio * adv
-        took_clip = (clipped < unclipped).to(logp.dtype)
-        return -torch.minimum(unclipped, clipped), took_clip
-    # cispo
-    was_clipped = (clipped_ratio != ratio).to(logp.dtype)
-    return -clipped_ratio.detach() * adv * logp, was_clipped
+        took_clip = clipped < unclipped
+        objective = torch.minimum(unclipped, clipped)
+        if settings.dual_clip:
+            floor = settings.dual_clip * adv
+            dual = (adv < 0) & (objective < floor)
+            objective = torch.where(dual, floor, objective)
+            took_clip = took_clip | dual
+        return -objective, took_clip.to(logp.dtype)
+    # cispo: the weight is sg(clip(r)), further capped (not scaled) by tis_cap
+    weight = clipped_ratio.clamp(max=settings.tis_cap) if settings.tis_cap else clipped_ratio
+    was_clipped = (weight != ratio).to(logp.dtype)
+    return -weight.detach() * adv * logp, was_clipped

@@ -124,6 +124,11 @@ def loss_flags(algorithm: Any) -> list[str]:
         hint="Raw slime flags go in backend.extra_args.",
         temperature=float(algorithm.temperature),  # slime tempers with --rollout-temperature
     )
+    if "dual_clip" in dict(algorithm.loss_config or {}):
+        raise ConfigError(
+            "algorithm.loss_config.dual_clip is core's local ppo setting; slime runs its own loss. "
+            "Remove it and set slime's own dual-clip through its options (see docs/backends/slime.md)"
+        )
     for key in ("top_k", "top_p"):
         if spec.changes(key):
             raise ConfigError(

@@ -225,6 +225,11 @@ def loss_overrides(algorithm: Any, backend: Any) -> list[str]:
         hint="Pass raw verl keys with backend.overrides=[actor_rollout_ref.actor.<key>=...]",
         temperature=float(algorithm.temperature),  # verl tempers with rollout.temperature
     )
+    if "dual_clip" in dict(algorithm.loss_config or {}):
+        raise ConfigError(
+            "algorithm.loss_config.dual_clip is core's local ppo setting; verl runs its own loss. "
+            "Remove it and set verl's own dual-clip through its options (see docs/backends/verl.md)"
+        )
     for key in ("top_k", "top_p"):
         if spec.changes(key):
             raise ConfigError(
