@@ -13,7 +13,7 @@ Each figure names the command or benchmark that produces it and the pages that
 link to it, so a number can always be traced and re-measured. The measured
 runs kept in ``benchmarks/results/*.json`` are what docs/performance.md shows;
 ``--write-page`` regenerates that page's generated part from them (no measuring),
-and tests/test_figures.py checks the committed page is what it writes. The
+and tests/meta/test_figures.py checks the committed page is what it writes. The
 expensive ones (``seeds``: ten 400-step runs; ``test_suite``: the whole
 ``python -m pytest``) run only when asked by name with ``--only``. Figures are
 wall-clock and CPU times, so they depend on the machine and on what else runs

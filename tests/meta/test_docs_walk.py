@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "docs" / "quickstart.md"
 EXAMPLES = ROOT / "examples" / "README.md"
 STEP_LINE = re.compile(r"^step +(\d+)  reward (\d\.\d{3})  failed (\d+)  lp-gap \S+  \d+\.\d\ds$")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from core.plugins import hookspecs
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hook_names() -> list[str]:

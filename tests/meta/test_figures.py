@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "figures.py"
 PAGE = ROOT / "docs" / "performance.md"
 
