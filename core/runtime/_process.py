@@ -23,6 +23,7 @@ from core.agent._auth import TOKEN_ENV, TOKEN_HEADER
 from core.agent._reap import descendants, kill_pids
 from core.errors import RuntimeStartError
 from core.http import HTTPClient
+from core.runtime._agent_env import agent_environment
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
@@ -40,7 +41,9 @@ class AgentProcess:
         index: Position in the pool (names its folder and log).
         agent: The agent app as ``module:attribute``.
         root: Folder for this runtime; the process gets ``root/p<index>/``.
-        env: Extra environment variables.
+        env: Environment variables set explicitly (``task.agent_env``).
+        pass_env: Names (globs) of this process's environment passed on besides the
+            allowlist (``_agent_env.ALLOWED``); nothing else of it reaches the agent.
         python: Interpreter to run; empty uses the trainer's.
         host: Address to bind.
     """
@@ -52,6 +55,7 @@ class AgentProcess:
         root: Path,
         *,
         env: dict[str, str] | None = None,
+        pass_env: list[str] | tuple[str, ...] = (),
         python: str = "",
         host: str = "127.0.0.1",
     ) -> None:
@@ -64,6 +68,7 @@ class AgentProcess:
         self.log_path = root / f"p{index}.log"
         self.port_file = self.dir / "port"
         self.env = dict(env or {})
+        self.pass_env = tuple(pass_env)
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.in_flight = 0
@@ -106,7 +111,7 @@ class AgentProcess:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         self.port_file.unlink(missing_ok=True)
-        env = {**os.environ, **self.env}
+        env = agent_environment(os.environ, explicit=self.env, pass_env=self.pass_env)
         # The trainer's working directory stays importable (agent modules are given
         # relative to it) although the agent runs inside its own folder.
         env["PYTHONPATH"] = os.pathsep.join(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -26,6 +26,12 @@ class AgentServerSettings:
     """S3 endpoint for ``result_channel=s3``; empty uses the AWS default/environment."""
     s3_exp_id: str = "tracerl"
     """Experiment prefix of result keys (``{exp_id}/{group_id}/{session_id}.json``)."""
+    pass_env: list[str] = field(default_factory=list)
+    """Names (``*`` globs) of the trainer's environment variables agent processes also get.
+    By default an agent sees only an allowlist (``PATH``, ``HOME``, ``LANG``/``LC_*``,
+    ``TMPDIR``, ``PYTHONPATH``, ``VIRTUAL_ENV``... see ``core/runtime/_agent_env.py``),
+    the ``AWS_*`` credentials with ``result_channel=s3``, and ``task.agent_env``: never
+    the judge key, cloud or W&B credentials (docs/security.md)."""
 
 
 @dataclass

@@ -24,6 +24,7 @@ import httpx
 
 from core.errors import ConfigError, RuntimeStartError
 from core.http import FastClient
+from core.runtime._agent_env import S3_CHANNEL
 from core.runtime._channels import AgentFault, HttpChannel, Invocation, S3Channel
 from core.runtime._process import AgentProcess
 from core.runtime._results import failed, result_from_output
@@ -148,8 +149,11 @@ class LocalRuntime(RuntimeBase):
             )
         else:
             self._channel = HttpChannel(self._client, poll_interval_s=c.poll_interval_s)
+        pass_env = [*c.pass_env, *(S3_CHANNEL if c.result_channel == "s3" else ())]
         self._procs = [
-            AgentProcess(i, self.agent, self._root, env=self.env, python=c.python, host=c.host)
+            AgentProcess(
+                i, self.agent, self._root, env=self.env, pass_env=pass_env, python=c.python, host=c.host
+            )
             for i in range(c.num_processes)
         ]
         for proc in self._procs:

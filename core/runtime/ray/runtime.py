@@ -233,6 +233,9 @@ class RayRuntime(RuntimeBase):
     def _local_config(self) -> LocalRuntimeConfig:
         c = self.config
         values = {k: getattr(c, k) for k in _PASSED_TO_LOCAL}
+        # Variables the operator gave the actors through Ray reach their agents too.
+        env_vars = dict(c.runtime_env or {}).get("env_vars") or {}
+        values["pass_env"] = [*(str(n) for n in values.get("pass_env") or ()), *map(str, env_vars)]
         return LocalRuntimeConfig(
             num_processes=c.processes_per_actor, max_concurrency=c.agents_per_actor, **values
         )

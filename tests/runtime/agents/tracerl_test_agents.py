@@ -38,6 +38,8 @@ async def handler(payload: dict, context: RequestContext) -> dict:
                 "sampling": cfg.sampling_params,
             },
         }
+    if mode == "env":  # which of the named environment variables this process sees
+        return {"reward": 1.0, "env": {n: os.environ.get(n) for n in payload["names"]}}
     if mode == "steer_key":  # tries to move its S3 result onto a sibling's key
         context.session_id = payload["sibling"]
         return {"reward": 1.0}

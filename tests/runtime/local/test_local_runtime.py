@@ -289,6 +289,62 @@ def test_sync_handler_runs_in_threads_concurrently() -> None:
     run_with(body, agent="tracerl_test_agents:sync_app", num_processes=1)
 
 
+def test_agents_get_an_allowlisted_environment_not_the_trainers(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#29: every agent inherited the trainer's whole environment (judge key, cloud and
+    W&B credentials); now only the allowlist, ``runtime.pass_env`` and ``task.agent_env``."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-judge-secret")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("LC_TEST_TRACERL", "allowlisted")
+    monkeypatch.setenv("MY_TOOL_HOME", "passed-by-name")
+    names = [
+        "OPENAI_API_KEY",
+        "WANDB_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "LC_TEST_TRACERL",
+        "MY_TOOL_HOME",
+        "EXPLICIT_ONE",
+        "PATH",
+        "TRACERL_AGENT_TOKEN",
+    ]
+
+    async def body(rt: LocalRuntime) -> None:
+        inv = await rt._invocation(make_request({"mode": "env", "names": names}))
+        try:
+            output = await rt._channel.run(inv)  # type: ignore[union-attr]
+        finally:
+            inv.proc.in_flight -= 1
+        seen = output["env"]
+        assert seen["OPENAI_API_KEY"] is None and seen["WANDB_API_KEY"] is None
+        assert seen["AWS_SECRET_ACCESS_KEY"] is None
+        assert seen["LC_TEST_TRACERL"] == "allowlisted" and seen["PATH"]
+        assert seen["MY_TOOL_HOME"] == "passed-by-name" and seen["EXPLICIT_ONE"] == "given"
+        assert seen["TRACERL_AGENT_TOKEN"]  # the runtime's own variables are set
+
+    run_with(
+        body,
+        env_extra={"EXPLICIT_ONE": "given"},
+        num_processes=1,
+        workdir=str(tmp_path),
+        pass_env=["MY_TOOL_*"],
+    )
+
+
+def test_agent_environment_allowlist() -> None:
+    from core.runtime._agent_env import agent_environment
+
+    parent = {"PATH": "/bin", "LC_ALL": "C", "HF_TOKEN": "x", "GOOGLE_APPLICATION_CREDENTIALS": "/k"}
+    assert agent_environment(parent) == {"PATH": "/bin", "LC_ALL": "C"}
+    assert agent_environment(parent, pass_env=["HF_*"], explicit={"A": "1", "PATH": "/p"}) == {
+        "PATH": "/p",
+        "LC_ALL": "C",
+        "HF_TOKEN": "x",
+        "A": "1",
+    }
+
+
 def test_from_config_and_bad_settings() -> None:
     cfg = OmegaConf.create(
         {

@@ -89,9 +89,13 @@ def test_each_actor_pool_gets_the_agent_server_settings() -> None:
         "s3_bucket": "b",
         "s3_endpoint_url": "http://s3.local",
         "s3_exp_id": "exp",
+        "pass_env": ["MY_TOOL_*"],
     }
     assert set(values) == set(shared), "give the new shared setting a non-default value here"
     rt = RayRuntime(CONFORMANCE_AGENT, agents_per_actor=5, processes_per_actor=3, startup_timeout_s=7.0, **values)
     local = rt._local_config()
     assert {k: getattr(local, k) for k in shared} == values
     assert (local.num_processes, local.max_concurrency, local.startup_timeout_s) == (3, 5, 7.0)
+    # the actors' Ray env_vars reach their agents too (agents get an allowlisted environment)
+    rt = RayRuntime(CONFORMANCE_AGENT, runtime_env={"env_vars": {"TOOL_KEY": "1"}}, **values)
+    assert rt._local_config().pass_env == ["MY_TOOL_*", "TOOL_KEY"]
