@@ -320,10 +320,15 @@ class Trainer:
         batch = await source.take()
         times.rollout, self._last_batch, flow = batch.waited, batch.data_indices, batch.flow
         t0 = time.perf_counter()
-        outcomes = await self.rewards.score(batch.outcomes)  # reward=<name>; the agent's own by default
+        # reward=<name>; the agent's own by default. Finished rollouts that will not train
+        # (async: dropped groups) are scored and counted too: rollouts/*, reward/* and the
+        # failure guard see every finished rollout, not only the ones that train.
+        n_trained = len(batch.outcomes)
+        scored = await self.rewards.score([*batch.outcomes, *batch.untrained])
+        outcomes, untrained = scored[:n_trained], scored[n_trained:]
         flow["time/reward"] = time.perf_counter() - t0
         version = int(self.backend.weight_version)  # the weights these outcomes train
-        statuses = self._check_failures(outcomes)
+        statuses = self._check_failures(outcomes + untrained)
         signal = self._signal(outcomes)
         train_metrics = await self._update(signal, times)
         if self.fleet is not None:
@@ -343,6 +348,7 @@ class Trainer:
             StepReport(
                 step=self.step,
                 outcomes=outcomes,
+                untrained=untrained,
                 statuses=statuses,
                 datums=signal.datums,
                 metrics={**signal.metrics, **train_metrics, **evals},

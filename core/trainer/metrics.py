@@ -48,7 +48,7 @@ class StepReport:
     outcomes: list[RolloutOutcome]
     """The rollouts it trained on (after the reward stage)."""
     statuses: Counter[str]
-    """How many of them ended in each ``RolloutStatus``."""
+    """How many of them (and of ``untrained``) ended in each ``RolloutStatus``."""
     datums: list[Datum]
     """What was sent to ``forward_backward``."""
     metrics: dict[str, float]
@@ -61,12 +61,16 @@ class StepReport:
     """The backend's weight version after the step."""
     data: dict[str, Any]
     """``data/epoch``, ``data/cursor`` and ``data/batch`` (the rows drawn)."""
+    untrained: list[RolloutOutcome] = field(default_factory=list)
+    """Rollouts that finished in the step but do not train (async: dropped groups);
+    ``reward/*`` and ``rollouts/*`` count them with ``outcomes``."""
 
 
 def step_metrics(report: StepReport) -> dict[str, Any]:
     """The step's record, but for ``flow_metrics``, reward components and trace sizes."""
     outcomes, statuses, times, step_time = report.outcomes, report.statuses, report.times, report.step_time
-    rewards = [o.result.reward for o in outcomes if o.ok and o.result.reward is not None]
+    finished = [*outcomes, *report.untrained]
+    rewards = [o.result.reward for o in finished if o.ok and o.result.reward is not None]
     mean = sum(rewards) / len(rewards) if rewards else float("nan")
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else float("nan")
     rows = [r for o in outcomes for r in o.rows]
@@ -76,9 +80,10 @@ def step_metrics(report: StepReport) -> dict[str, Any]:
         "step": report.step,
         "reward/mean": mean,
         "reward/std": std,
-        "rollouts/total": len(outcomes),
+        "rollouts/total": len(finished),
+        "rollouts/trained": len(outcomes),
         "rollouts/ok": ok,
-        "rollouts/failed": len(outcomes) - ok,
+        "rollouts/failed": len(finished) - ok,
         **{f"rollouts/{s.value}": statuses.get(s.value, 0) for s in RolloutStatus if s is not RolloutStatus.OK},
         "datums": len(report.datums),
         "tokens/trained": int(sum(sum(d.weights) for d in report.datums)),

@@ -141,6 +141,8 @@ class RolloutPool:
         self._closed = False
         self._flow = _Flow()
         self._idle_since: float | None = time.perf_counter()
+        self.discarded: list[RolloutOutcome] = []
+        """Rollouts ``close`` threw away: finished but untrained, or cancelled."""
 
     # -- capacity -----------------------------------------------------------------
 
@@ -213,7 +215,9 @@ class RolloutPool:
             return
         async with self._cond:
             self._running.pop(seq, None)
-            if not self._closed:
+            if self._closed:
+                self.discarded.extend(outcomes)  # cancelled by close (or finished as it closed)
+            else:
                 self._ready.append(FinishedGroup(seq, index, outcomes, rerun))
             self._cond.notify_all()
 
@@ -289,5 +293,6 @@ class RolloutPool:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         self._running.clear()
+        self.discarded.extend(o for g in self._ready for o in g.outcomes)
         self._ready.clear()
         return discarded

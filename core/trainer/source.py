@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,6 +40,9 @@ class StepBatch:
     """Seconds the trainer waited for them (``time/rollout``)."""
     flow: dict[str, Any] = field(default_factory=dict)
     """Flow metrics so far; the step and the source add to it."""
+    untrained: list[RolloutOutcome] = field(default_factory=list)
+    """Rollouts that finished but do not train (async: groups dropped as too stale):
+    the step still counts them in ``rollouts/*``, ``reward/*`` and the failure guard."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +141,11 @@ class PoolSource:
         groups, dropped, waited = await self.pool.take(
             self._batch_size, version=self._version(), max_staleness=self._max_staleness
         )
+        untrained = [o for g in dropped for o in g.outcomes]
         flow: dict[str, Any] = {
             "async/dropped_stale": len(dropped),
-            "async/dropped_stale_rollouts": sum(len(g.outcomes) for g in dropped),
+            "async/dropped_stale_rollouts": len(untrained),
+            **wasted_metrics(untrained),
             "async/dropped_groups": [g.seq for g in dropped],
             "async/groups": [g.seq for g in groups],
             "async/rerun": sum(1 for g in groups if g.rerun),
@@ -148,7 +154,7 @@ class PoolSource:
         if self._reruns:
             flow["async/rerun_on_resume"], self._reruns = self._reruns, 0
         outcomes = [o for g in groups for o in g.outcomes]
-        return StepBatch(outcomes, [g.data_index for g in groups], waited, flow)
+        return StepBatch(outcomes, [g.data_index for g in groups], waited, flow, untrained)
 
     async def settle(self, batch: StepBatch) -> dict[str, Any] | None:
         flow = batch.flow
@@ -167,10 +173,20 @@ class PoolSource:
         # Groups still running are not trained: saved as pending (a resumed run
         # with more steps runs them again) and counted here.
         state = self.pool.state()
-        return SourceEnd(state, {"async/discarded_at_end": await self.pool.close()})
+        discarded = await self.pool.close()
+        return SourceEnd(state, {"async/discarded_at_end": discarded, **wasted_metrics(self.pool.discarded)})
 
     async def aclose(self) -> None:
         await self.pool.close()
+
+
+def wasted_metrics(outcomes: list[RolloutOutcome]) -> dict[str, int]:
+    """``async/wasted_rollouts`` (finished or cancelled, never trained) and its status mix
+    (``async/wasted/<status>``)."""
+    out = {"async/wasted_rollouts": len(outcomes)}
+    for status, n in sorted(Counter(o.result.status.value for o in outcomes).items()):
+        out[f"async/wasted/{status}"] = n
+    return out
 
 
 def resumed_pool(saved: dict[str, Any] | None, ckpt: Checkpoint, *, mode: str, batch_size: int) -> PoolResume:
