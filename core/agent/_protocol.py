@@ -16,6 +16,7 @@ Nothing here imports more than the standard library: agent containers stay small
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -180,5 +181,19 @@ def s3_config(payload: dict[str, Any]) -> dict[str, str] | None:
 
 
 def s3_result_key(exp_id: str, input_id: str, session_id: str) -> str:
-    """Object key of a rollout's result, the toolkit's layout."""
+    """Object key of a rollout's result, the toolkit's layout.
+
+    ``session_id`` is the one the agent sees in ``SESSION_HEADER``: runtimes send
+    ``result_session_id`` of the gateway session there, never the bearer token itself.
+    """
     return f"{exp_id}/{input_id}/{session_id}.json"
+
+
+def result_session_id(gateway_session_id: str) -> str:
+    """The session id an S3-channel agent is given (and its result key is named by):
+    the SHA-256 of the gateway session id (64 hex characters, stable per session).
+
+    The gateway session id is a bearer token; anyone who can list the result bucket
+    (or read AgentCore's session logs) would otherwise hold every rollout's token.
+    """
+    return hashlib.sha256(gateway_session_id.encode()).hexdigest()

@@ -35,6 +35,7 @@ from core.agent._protocol import (
     SERVER_MARKER,
     SESSION_HEADER,
     InvocationOp,
+    result_session_id,
     s3_result_key,
 )
 from core.http import FastResponse, HTTPClient
@@ -324,14 +325,14 @@ class S3Channel:
             f"{inv.proc.base_url}/invocations",
             content=json.dumps({**inv.payload, ROLLOUT_KEY: rollout}),
             headers={
-                SESSION_HEADER: inv.session_id,
+                SESSION_HEADER: result_session_id(inv.session_id),
                 "content-type": "application/json",
                 **inv.proc.auth_headers,
             },
             timeout=30.0,
         )
         reply = _check_reply(r, "rollout request")
-        key = s3_result_key(self.exp_id, inv.group_id, inv.session_id)
+        key = s3_result_key(self.exp_id, inv.group_id, result_session_id(inv.session_id))
         check_result_key(reply, self.bucket, key)
         if isinstance(reply, dict) and reply.get(SERVER_MARKER):
             inv.remote_id = str(reply.get("invocation_id") or "")
@@ -365,7 +366,7 @@ class S3Channel:
                 f"{inv.proc.base_url}/invocations",
                 content=json.dumps({ENVELOPE_KEY: op.to_envelope()}),
                 headers={
-                    SESSION_HEADER: inv.session_id,
+                    SESSION_HEADER: result_session_id(inv.session_id),
                     "content-type": "application/json",
                     **inv.proc.auth_headers,
                 },

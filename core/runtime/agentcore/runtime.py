@@ -15,13 +15,13 @@ back as ``RolloutResult`` statuses, never as exceptions.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from core.agent._protocol import result_session_id
 from core.errors import ConfigError, RuntimeStartError
 from core.runtime._channels import AgentFault, Polling
 from core.runtime._results import failed, result_from_output
@@ -53,16 +53,14 @@ _REJECTED_CODES = THROTTLE_CODES | {
 
 
 def runtime_session_id(request: RolloutRequest) -> str:
-    """The ``runtimeSessionId`` of a rollout: the gateway session id, lengthened if needed.
+    """The ``runtimeSessionId`` of a rollout: ``result_session_id`` of the gateway session id.
 
-    AgentCore needs at least 33 characters; a shorter gateway id gets a digest
-    of the rollout id appended, so the mapping stays deterministic.
+    A digest (64 characters: AgentCore needs at least 33), stable per session, so
+    the bearer token never appears in AgentCore's session ids or logs, nor in the
+    S3 result key the agent derives from it. The agent gets the token itself in
+    the payload (``_config.api_key``).
     """
-    sid = request.session_id
-    if len(sid) >= MIN_SESSION_ID:
-        return sid[:256]
-    digest = hashlib.sha256(request.rollout_id.encode()).hexdigest()
-    return f"{sid}-{digest}"[: max(MIN_SESSION_ID, len(sid) + 1 + 32)]
+    return result_session_id(request.session_id)
 
 
 class AgentCoreRuntime(RuntimeBase):

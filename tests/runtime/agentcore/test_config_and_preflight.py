@@ -140,12 +140,15 @@ def test_runtime_agentcore_composes_from_hydra() -> None:
     assert cfg.runtime.agent_runtime_arn == EXAMPLE_ARN
 
 
-def test_runtime_session_id_is_at_least_33_characters_and_stable() -> None:
+def test_runtime_session_id_is_at_least_33_characters_stable_and_not_the_token() -> None:
+    """The runtimeSessionId names the S3 result key and shows in AgentCore's logs: a
+    digest of the gateway session id (a bearer token), never the token (#29)."""
     short = make_request(session_id="tr-short")
     sid = runtime_session_id(short)
-    assert len(sid) >= 33 and sid.startswith("tr-short-") and sid == runtime_session_id(short)
+    assert len(sid) >= 33 and sid == runtime_session_id(short) and "tr-short" not in sid
     long = make_request(session_id="tr-" + "x" * 32)
-    assert runtime_session_id(long) == long.session_id
+    assert runtime_session_id(long) != runtime_session_id(short)
+    assert long.session_id not in runtime_session_id(long) and len(runtime_session_id(long)) == 64
 
 
 def test_limiter_spacing_and_backoff() -> None:

@@ -16,6 +16,8 @@ import boto3
 import pytest
 from acr_helpers import BUCKET, agent_env, make_request, make_runtime
 
+from core.agent._protocol import result_session_id
+from core.runtime.agentcore import runtime_session_id
 from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
@@ -50,14 +52,14 @@ def test_s3_channel_rewards_back_and_sessions_stopped(s3_endpoint: str) -> None:
     assert all(r.metrics["key_is_session"] == 1.0 and r.metrics["base_url_ok"] == 1.0 for r in results)
     assert len(pids) == 4, "each session must run in its own agent process"
     # Each session: exactly one invocation (the S3 channel never polls the data plane), then a stop.
-    sids = [r.session_id for r in requests]
+    sids = [runtime_session_id(r) for r in requests]
     assert sorted(c.session_id for c in standin.accepted("invoke")) == sorted(sids)
     assert sorted(standin.stopped_sessions()) == sorted(sids)
     # The agent saved its result where the toolkit would, with the toolkit's metadata.
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-west-2")
     req = requests[1]
     body = json.loads(
-        s3.get_object(Bucket=BUCKET, Key=f"exp-e2e/g1/{req.session_id}.json")["Body"].read()
+        s3.get_object(Bucket=BUCKET, Key=f"exp-e2e/g1/{result_session_id(req.session_id)}.json")["Body"].read()
     )
     assert body["reward"] == 0.25 and body["status_code"] == 200
     rollout = body["payload"]["_rollout"]
@@ -83,9 +85,9 @@ def test_http_channel_rewards_back_and_agent_error(s3_endpoint: str) -> None:
     assert results[2].status is RolloutStatus.CRASHED
     assert "agent bug on purpose: xyz" in (results[2].error or "")
     # Long-polling keeps a rollout to a handful of invocations, not one per poll interval.
-    per_session = [sum(1 for c in standin.accepted("invoke") if c.session_id == r.session_id) for r in requests]
+    per_session = [sum(1 for c in standin.accepted("invoke") if c.session_id == runtime_session_id(r)) for r in requests]
     assert all(2 <= n <= 3 for n in per_session), per_session
-    assert sorted(standin.stopped_sessions()) == sorted(r.session_id for r in requests)
+    assert sorted(standin.stopped_sessions()) == sorted(runtime_session_id(r) for r in requests)
 
 
 def test_agentcore_rl_toolkit_agents_run_unchanged(s3_endpoint: str) -> None:

@@ -16,6 +16,7 @@ from acr_helpers import BUCKET, agent_env, make_runtime
 
 from core.gateway import Gateway, GatewayConfig, GatewayServer
 from core.rollout import RolloutLimits, RolloutOutcome, RolloutRunner
+from core.runtime.agentcore import runtime_session_id
 from core.samplers import ScriptedSampler, encode_reply
 from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.tokenizer import build_tiny_tokenizer
@@ -69,4 +70,4 @@ def test_rollouts_through_agentcore_capture_traces(channel: str, s3_endpoint: st
         assert row.reward == o.result.reward and row.group_id == o.request.group_id
         generated = [t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m]
         assert generated == reply
-    assert sorted(standin.stopped_sessions()) == sorted(o.request.session_id for o in outcomes)
+    assert sorted(standin.stopped_sessions()) == sorted(runtime_session_id(o.request) for o in outcomes)

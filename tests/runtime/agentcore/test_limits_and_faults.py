@@ -18,7 +18,7 @@ import pytest
 from acr_helpers import agent_env, make_request, make_runtime
 
 from core.agent import AgentApp, ModelConfig
-from core.runtime.agentcore import AgentCoreRuntime
+from core.runtime.agentcore import AgentCoreRuntime, runtime_session_id
 from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
@@ -89,7 +89,7 @@ def test_throttling_for_a_while_loses_no_rollout() -> None:
     throttled = [c for c in standin.calls if c.status == 429]
     assert len(throttled) >= 8 and stats["acr/throttled"] == len(throttled)
     assert elapsed >= 1.5
-    assert sorted(standin.stopped_sessions()) == sorted(r.session_id for r in requests)
+    assert sorted(standin.stopped_sessions()) == sorted(runtime_session_id(r) for r in requests)
 
 
 def test_throttled_for_good_is_rejected_not_hung() -> None:
@@ -119,7 +119,7 @@ def test_cold_start_errors_are_retried_a_bounded_number_of_times() -> None:
     assert bad.status is RolloutStatus.CRASHED
     assert "RuntimeClientError" in (bad.error or "") and "not serving" in (bad.error or "")
     assert sum(1 for c in cold.calls if c.op == "invoke") == 4  # first try + 3 retries
-    assert cold.stopped_sessions() == [bad_request.session_id]
+    assert cold.stopped_sessions() == [runtime_session_id(bad_request)]
 
 
 @pytest.mark.slow
@@ -131,7 +131,7 @@ def test_timeout_stops_the_session_and_kills_its_agent(tmp_path: Path) -> None:
         (result,) = asyncio.run(_run_all(runtime, [request]))
     assert result.status is RolloutStatus.TIMEOUT, result.error
     assert 4.0 <= result.elapsed_s < 8.0
-    assert standin.stopped_sessions() == [request.session_id]
+    assert standin.stopped_sessions() == [runtime_session_id(request)]
     pid_files = list(tmp_path.glob("sessions/*/pid"))
     assert len(pid_files) == 1
     pid = int(pid_files[0].read_text())
@@ -157,7 +157,7 @@ def test_cancel_returns_a_failed_result_and_stops_the_session() -> None:
     with StandInServer(standin) as server:
         result = asyncio.run(main(make_runtime(server.url)))
     assert result.status is RolloutStatus.CRASHED and "cancelled" in (result.error or "")
-    assert standin.stopped_sessions() == [request.session_id]
+    assert standin.stopped_sessions() == [runtime_session_id(request)]
 
 
 def test_aclose_stops_sessions_in_flight() -> None:
@@ -175,7 +175,7 @@ def test_aclose_stops_sessions_in_flight() -> None:
     with StandInServer(standin) as server:
         results = asyncio.run(main(make_runtime(server.url)))
     assert all(r.status is RolloutStatus.CRASHED for r in results)
-    assert sorted(standin.stopped_sessions()) == sorted(r.session_id for r in requests)
+    assert sorted(standin.stopped_sessions()) == sorted(runtime_session_id(r) for r in requests)
 
 
 @pytest.mark.slow

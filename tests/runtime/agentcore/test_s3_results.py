@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from core.agent import AgentApp, ModelConfig
+from core.agent._protocol import result_session_id
 from core.testing.agentcore_standin import AcrStandIn, StandInServer
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
@@ -74,7 +75,7 @@ def test_a_result_under_a_key_the_agent_chose_is_refused(s3_endpoint: str) -> No
     assert res.status is RolloutStatus.CRASHED and res.reward is None
     error = res.error or ""
     assert "exp-rogue-acr/g3/someone-elses-session.json" in error and "refused" in error
-    assert f"exp-rogue-acr/g3/{req.session_id}.json" in error
+    assert f"exp-rogue-acr/g3/{result_session_id(req.session_id)}.json" in error
 
 
 def test_the_stored_result_holds_no_session_key(
@@ -95,7 +96,7 @@ def test_the_stored_result_holds_no_session_key(
     (res,) = _run(app, s3_endpoint, "exp-creds-acr", [req])
     assert res.status is RolloutStatus.OK and res.reward == 0.75, res.error
     assert res.metrics["key_is_session"] == 1.0  # the agent did get its key
-    raw = _s3(s3_endpoint).get_object(Bucket=BUCKET, Key=f"exp-creds-acr/g4/{req.session_id}.json")
+    raw = _s3(s3_endpoint).get_object(Bucket=BUCKET, Key=f"exp-creds-acr/g4/{result_session_id(req.session_id)}.json")
     body = raw["Body"].read()
     # expect_key in the row is the test's own copy of the key: drop it before looking.
     saved = json.loads(body)

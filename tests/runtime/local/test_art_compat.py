@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from local_runtime_helpers import AGENTS_DIR, agent_env, make_request
 
+from core.agent._protocol import result_session_id
 from core.runtime.local import LocalRuntime
 from core.types import RolloutStatus
 from tests.runtime.moto_s3 import moto_s3_server
@@ -89,7 +90,7 @@ def test_art_agent_runs_unchanged_with_results_in_s3(
 
         s3 = boto3.client("s3", endpoint_url=s3_endpoint)
         req = reqs[3]
-        key = f"exp-{module}/{req.group_id}/{req.session_id}.json"
+        key = f"exp-{module}/{req.group_id}/{result_session_id(req.session_id)}.json"
         saved = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
         assert saved["status_code"] == 200
         if module == "art_agent_original":  # the toolkit saves the whole payload, key included
@@ -102,7 +103,7 @@ def test_art_agent_runs_unchanged_with_results_in_s3(
             "base_url": req.base_url,
             "model_id": req.model_id,
             "api_key": req.session_id,
-            "session": req.session_id,
+            "session": result_session_id(req.session_id),  # the header holds the digest (#29)
         }
         assert saved["payload"]["_rollout"]["input_id"] == req.group_id
 

@@ -7,6 +7,7 @@ from CI; agents are real processes writing with real boto3.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import httpx
 import pytest
 from local_runtime_helpers import agent_env, make_request
 
+from core.agent._protocol import result_session_id
 from core.runtime.local import LocalRuntime
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 from tests.runtime.moto_s3 import moto_s3_server
@@ -81,7 +83,7 @@ def test_a_result_under_a_key_the_agent_chose_is_refused(s3_endpoint: str) -> No
     req = make_request({}, timeout_s=10.0, group="g7")
     (res,) = _run("rogue_s3_agent:app", s3_endpoint, "exp-rogue", [req])
     assert res.status is RolloutStatus.CRASHED and res.reward is None
-    expected = f"exp-rogue/g7/{req.session_id}.json"
+    expected = f"exp-rogue/g7/{result_session_id(req.session_id)}.json"
     assert "exp-rogue/g7/not-my-session.json" in (res.error or "")
     assert expected in (res.error or "") and "refused" in (res.error or "")
     # The planted object is there; the trainer simply did not read it.
@@ -94,7 +96,7 @@ def test_a_handler_cannot_steer_its_result_onto_another_key(s3_endpoint: str) ->
     req = make_request({"mode": "steer_key", "sibling": "sibling-session"}, timeout_s=10.0, group="g3")
     (res,) = _run("tracerl_test_agents:app", s3_endpoint, "exp-steer", [req])
     assert res.status is RolloutStatus.OK and res.reward == 1.0, res.error
-    assert json.loads(_get(s3_endpoint, f"exp-steer/g3/{req.session_id}.json"))["reward"] == 1.0
+    assert json.loads(_get(s3_endpoint, f"exp-steer/g3/{result_session_id(req.session_id)}.json"))["reward"] == 1.0
     with pytest.raises(Exception, match="NoSuchKey|Not Found|404"):
         _get(s3_endpoint, "exp-steer/g3/sibling-session.json")
 
@@ -110,7 +112,7 @@ def test_the_stored_result_holds_no_session_key(s3_endpoint: str) -> None:
     )
     assert ok.status is RolloutStatus.OK and ok.reward == 0.5, ok.error
     assert bad.status is RolloutStatus.CRASHED and "agent bug on purpose" in (bad.error or "")
-    raw = _get(s3_endpoint, f"exp-creds/g1/{req.session_id}.json")
+    raw = _get(s3_endpoint, f"exp-creds/g1/{result_session_id(req.session_id)}.json")
     assert req.session_id.encode() not in raw and b"api_key" not in raw
     assert req.base_url.encode() not in raw  # the gateway's address stays out too
     saved = json.loads(raw)
@@ -151,3 +153,17 @@ def test_a_timed_out_s3_rollout_is_cancelled_in_the_agent(s3_endpoint: str) -> N
     res, status = asyncio.run(main())
     assert res.status is RolloutStatus.TIMEOUT
     assert status == "Healthy", "the hung handler must have been cancelled, not left running"
+
+
+def test_result_keys_hold_a_digest_not_the_session_token(s3_endpoint: str) -> None:
+    """#29: the session id is the agent's bearer token; a result key named by it gave
+    anyone who can list the bucket every rollout's token. The key holds its SHA-256."""
+    import boto3
+
+    req = make_request({"mode": "quiet", "reward": 0.25}, group="g9")
+    (res,) = _run("tracerl_test_agents:app", s3_endpoint, "exp-keys", [req])
+    assert res.status is RolloutStatus.OK and res.reward == 0.25, res.error
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="exp-keys/")["Contents"]]
+    assert keys == [f"exp-keys/g9/{hashlib.sha256(req.session_id.encode()).hexdigest()}.json"]
+    assert not any(req.session_id in k for k in keys)
