@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -32,7 +33,12 @@ from core.runtime._run_config import (
 )
 from core.runtime.base import RolloutClock, RuntimeBase
 from core.runtime.config import AgentServerSettings, LocalRuntimeConfig
-from core.runtime.ray._preflight import check_gateway_reachable
+from core.runtime.ray._preflight import (
+    RAY_INSTALL_HINT,
+    check_gateway_reachable,
+    check_private_ray_auth,
+    check_ray_version,
+)
 from core.runtime.ray.config import RayRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
@@ -58,9 +64,10 @@ def _import_ray() -> Any:
         import ray
     except ImportError as exc:
         raise ConfigError(
-            "runtime=ray needs Ray: pip install 'tracerl[ray]' (or pip install 'ray>=2.40') "
-            "on the trainer and on every node of the cluster"
+            f"runtime=ray needs Ray: {RAY_INSTALL_HINT} on the trainer and on every node of "
+            "the cluster"
         ) from exc
+    check_ray_version(str(getattr(ray, "__version__", "")))
     return ray
 
 
@@ -190,7 +197,9 @@ class RayRuntime(RuntimeBase):
         if c.address:
             kwargs["address"] = c.address
         else:
+            check_private_ray_auth(os.environ)
             kwargs["include_dashboard"] = False
+            kwargs["dashboard_host"] = "127.0.0.1"  # should a dashboard start anyway
             if c.num_cpus:
                 kwargs["num_cpus"] = c.num_cpus
             if c.object_store_memory_mb:

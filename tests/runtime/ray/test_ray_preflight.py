@@ -3,6 +3,9 @@ preflight by node IP, and the config node as ``runtime=ray`` composes it."""
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import pytest
 
 from core.errors import ConfigError
@@ -99,3 +102,51 @@ def test_each_actor_pool_gets_the_agent_server_settings() -> None:
     # the actors' Ray env_vars reach their agents too (agents get an allowlisted environment)
     rt = RayRuntime(CONFORMANCE_AGENT, runtime_env={"env_vars": {"TOOL_KEY": "1"}}, **values)
     assert rt._local_config().pass_env == ["MY_TOOL_*", "TOOL_KEY"]
+
+
+class _FakeRay:
+    """Stands in for the ``ray`` module: records what ``ray.init`` was given."""
+
+    def __init__(self, version: str) -> None:
+        self.__version__ = version
+        self.init_kwargs: dict[str, Any] | None = None
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **kwargs: Any) -> None:
+        self.init_kwargs = kwargs
+
+
+def test_ray_older_than_the_tested_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#29: Ray 2.40 (the version the old install hint named) let a driver with no token join."""
+    from core.runtime.ray._preflight import check_ray_version
+
+    for old in ("2.40.0", "2.9.3", "1.13.0", "nightly"):
+        with pytest.raises(ConfigError, match=r"Ray >= 2\.60.*ray>=2\.60"):
+            check_ray_version(old)
+    for fine in ("2.60.0", "2.61.1", "3.0.0.dev0"):
+        check_ray_version(fine)
+    monkeypatch.setitem(sys.modules, "ray", _FakeRay("2.40.0"))
+    with pytest.raises(ConfigError, match="found '2.40.0'"):
+        RayRuntime(CONFORMANCE_AGENT)._connect()
+
+
+def test_the_private_ray_keeps_its_dashboard_on_loopback_and_its_token_auth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeRay("2.60.0")
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    RayRuntime(CONFORMANCE_AGENT)._connect()
+    assert fake.init_kwargs is not None
+    assert fake.init_kwargs["include_dashboard"] is False
+    assert fake.init_kwargs["dashboard_host"] == "127.0.0.1"
+    fake.init_kwargs = None
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ConfigError, match="RAY_AUTH_MODE=disabled"):
+        RayRuntime(CONFORMANCE_AGENT)._connect()
+    assert fake.init_kwargs is None, "nothing started"
+    # a cluster the operator gives is theirs to secure: joined as given
+    RayRuntime(CONFORMANCE_AGENT, address="ray://head:10001")._connect()
+    assert fake.init_kwargs is not None and fake.init_kwargs["address"] == "ray://head:10001"
