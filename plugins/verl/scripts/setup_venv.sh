@@ -5,8 +5,10 @@
 # tracerl runs on transformers 5.24 in the system Python. verl must never be
 # installed there. The venv lives at <repo>/.venv-verl (git-ignored by .venv*/).
 #
-# Idempotent: an existing venv whose `import verl` reports 0.9.1 and whose
-# editable installs point at this checkout is kept; pass --force to rebuild.
+# Idempotent: an existing venv whose `import verl` reports 0.9.1, whose
+# editable installs point at this checkout and which was installed from the
+# current pyproject.toml files (their hash is kept in the venv) is kept; pass
+# --force to rebuild.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
@@ -18,7 +20,12 @@ if [[ "${1:-}" == "--force" ]]; then
     rm -rf "$VENV"
 fi
 
-if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" - "$ROOT" <<'PYEOF' 2>/dev/null
+# The dependencies the venv was installed from: a change (a new dependency of core) reinstalls.
+DEPS_HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/plugins/local/pyproject.toml" "$ROOT/plugins/verl/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+STAMP="$VENV/.tracerl-deps"
+
+if [[ -x "$VENV/bin/python" ]] && [[ "$(cat "$STAMP" 2>/dev/null)" == "$DEPS_HASH" ]] \
+    && "$VENV/bin/python" - "$ROOT" <<'PYEOF' 2>/dev/null
 import sys, pathlib
 import verl, tracerl_verl, tracerl_local, core
 assert verl.__version__ == "0.9.1", verl.__version__
@@ -38,4 +45,5 @@ PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 # (On this project's machines pip's find-links serve the local CPU wheel.)
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" -e "$ROOT" -e "$ROOT/plugins/local" -e "$ROOT/plugins/verl[test]"
+echo "$DEPS_HASH" > "$STAMP"
 "$VENV/bin/python" -c "import verl, tracerl_verl; print('verl', verl.__version__, 'ready in', '$VENV')"
