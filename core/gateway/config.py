@@ -50,7 +50,12 @@ class GatewayConfig:
     """Seconds an idle keep-alive connection stays open between requests."""
     max_connections: int = 2048
     """Open connections (and requests) the server accepts at once; beyond it new requests get
-    503 and a warning is logged. 0 means no cap."""
+    503 and a warning is logged. Connections still sending their request headers do not
+    count (``max_pending_headers_per_client`` bounds those). 0 means no cap."""
+    max_pending_headers_per_client: int = 64
+    """Connections one client address may hold while they still send their request headers;
+    beyond it that address's oldest such connections (those over a second old) are closed, so
+    half-sent headers on thousands of connections cannot crowd out the agents. 0 means no cap."""
     max_turns_per_session: int = 1024
     """Turns one session may record; further requests get 400 ``session_turn_limit``. Bounds a
     session's memory to about this many turns of ``max_context_tokens``. 0 means no cap."""
@@ -83,6 +88,7 @@ class GatewayConfig:
             "header_read_timeout_s": self.header_read_timeout_s,
             "keep_alive_timeout_s": self.keep_alive_timeout_s,
             "max_connections": self.max_connections,
+            "max_pending_headers_per_client": self.max_pending_headers_per_client,
             "max_turns_per_session": self.max_turns_per_session,
             "max_stop_strings": self.max_stop_strings,
             "render_offload_chars": self.render_offload_chars,

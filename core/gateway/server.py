@@ -5,9 +5,11 @@ returns once the socket listens; ``base_url`` is the OpenAI-style URL ending in
 ``/v1``; ``await stop()`` shuts down. Signal handling is left to the host
 process (uvicorn's own handlers would hijack Ctrl-C of the trainer).
 
-Connection limits come from the gateway's config: ``max_connections``
-(uvicorn's ``limit_concurrency``: beyond it new requests get 503 and a warning
-naming the key is logged), ``keep_alive_timeout_s``, and
+Connection limits come from the gateway's config: ``max_connections`` (beyond
+it new requests get 503 and a warning naming the key is logged; connections
+still sending headers do not count), ``max_pending_headers_per_client`` (an
+address's oldest half-sent connections beyond it are closed),
+``keep_alive_timeout_s``, and
 ``header_read_timeout_s``: uvicorn has no timeout for a request's headers, so
 its HTTP protocol is subclassed to note when a request's headers started and a
 once-a-second sweep closes connections whose headers are overdue (a client
@@ -88,26 +90,79 @@ def tune_gc() -> bool:
     return True
 
 
-def _protocol_class() -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol, noting since when a request's headers are awaited."""
+PENDING_GRACE_S = 1.0
+"""Age under which a connection still sending its headers is never closed for its address's
+``max_pending_headers_per_client``: a burst of new agent connections is not an attack."""
+
+
+def _protocol_class(max_connections: int, max_pending_per_client: int) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, noting since when a request's headers are awaited.
+
+    Connections still sending headers are tracked per client address: they do not count
+    toward ``max_connections`` (checked here instead of by uvicorn's ``limit_concurrency``,
+    which counts every open socket, so half-sent headers turned agents' requests into
+    503s), and beyond ``max_pending_per_client`` an address's oldest ones are closed.
+    """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    pending: dict[str, dict[_Protocol, float]] = {}
+    """Per client address: its connections whose headers are incomplete, with since when."""
 
     class _Protocol(HttpToolsProtocol):
         headers_since: float | None = None
         """Loop time the connection opened or the current request's first byte came; None
         while no request is half-received (headers complete, or idle between requests)."""
+        peer: str = ""
+
+        def _set_pending(self, since: float | None) -> None:
+            self.headers_since = since
+            mine = pending.get(self.peer)
+            if since is None:
+                if mine is not None:
+                    mine.pop(self, None)
+                    if not mine:
+                        del pending[self.peer]
+                return
+            mine = pending.setdefault(self.peer, {})
+            mine[self] = since
+            if max_pending_per_client and len(mine) > max_pending_per_client:
+                cutoff = since - PENDING_GRACE_S
+                old = sorted((t, id(c), c) for c, t in mine.items() if t < cutoff and c is not self)
+                for _, _, conn in old[: len(mine) - max_pending_per_client]:
+                    conn._close_for_pending()
+
+        def _close_for_pending(self) -> None:
+            self._set_pending(None)
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+            log.warning(
+                "gateway: closed a connection of %s: more than %d connections of that address "
+                "were still sending request headers (gateway.max_pending_headers_per_client)",
+                self.peer, max_pending_per_client,
+            )
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self.headers_since = self.loop.time()
+            client = self.client
+            self.peer = str(client[0]) if client else ""
+            self._set_pending(self.loop.time())
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._set_pending(None)
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             if self.headers_since is None:
-                self.headers_since = self.loop.time()
+                self._set_pending(self.loop.time())
 
         def on_headers_complete(self) -> None:
-            self.headers_since = None
+            self._set_pending(None)
+            if max_connections:
+                waiting = sum(len(m) for m in pending.values())
+                full = len(self.connections) - waiting >= max_connections or len(self.tasks) >= max_connections
+                # uvicorn answers 503 (and logs why) when len(connections) >= limit_concurrency
+                self.limit_concurrency = 0 if full else None
             super().on_headers_complete()
 
     return _Protocol
@@ -183,10 +238,12 @@ class GatewayServer:
         config = uvicorn.Config(
             self.app, host=self.host, port=self.port, log_level="warning", access_log=False,
             lifespan="off", timeout_keep_alive=cfg.keep_alive_timeout_s,
-            limit_concurrency=cfg.max_connections or None,
+            # max_connections is checked by the protocol, leaving out connections still
+            # sending headers (uvicorn's limit_concurrency would count them).
+            limit_concurrency=None,
             # Agents reach the gateway directly; X-Forwarded-* rewriting is per-request work for nothing.
             proxy_headers=False,
-            http=_protocol_class(),
+            http=_protocol_class(cfg.max_connections, cfg.max_pending_headers_per_client),
         )
         logging.getLogger("uvicorn.error").addFilter(_cap_filter)  # idempotent: a set of filters
         self._server = _server_class()(config)
