@@ -45,7 +45,7 @@ def check_driving_settings(cfg: DictConfig, backend: str) -> None:
             f"{backend!r} runs its own trainer, which would train on the agent's reward instead. "
             "Use the backend's own reward function setting, or compute the reward in the agent"
         )
-    if float(cfg.algorithm.get("tis_cap", 0.0)):
+    if float(cfg.algorithm.get("tis_cap") or 0.0):
         raise ConfigError(
             f"algorithm.tis_cap is applied by core's loop; backend {backend!r} runs its own "
             f"trainer. Use its own truncated importance sampling setting (see "

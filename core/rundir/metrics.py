@@ -138,9 +138,10 @@ def console_line(record: dict[str, Any]) -> str:
     ):
         if record.get(key) is not None:
             parts.append(fmt.format(record[key]))
-    if "async/groups" in record:  # trainer.mode=async: how old what trained was, what was dropped
+    if "async/groups" in record:  # trainer.mode=async: how old what trained was
         parts.append(
             f"stale {record.get('async/staleness_mean') or 0.0:.2f}/{record.get('async/staleness_max') or 0}"
-            f"  dropped {record.get('async/dropped_stale') or 0}"
         )
+        if record.get("async/masked_stale_tokens"):
+            parts.append(f"masked {record['async/masked_stale_tokens']}")
     return "  ".join(parts)

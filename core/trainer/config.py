@@ -27,6 +27,9 @@ from core.rollout.outcome import check_exclude_on
 from core.trainer.fleet import SamplerConfig
 from core.trainer.signal import TOKEN_MEAN_OVER
 
+ASYNC_TIS_CAP = 2.0
+"""``algorithm.tis_cap`` when not set in ``trainer.mode=async`` (docs/architecture.md)."""
+
 MODES = ("sync", "async")
 """``trainer.mode`` choices."""
 
@@ -111,9 +114,15 @@ class TrainerConfig:
     a step trains on the first ``batch_size`` groups that finish within
     ``max_staleness`` (see docs/architecture.md, "Asynchronous training")."""
     max_staleness: int = 1
-    """``mode=async``: how many optimizer steps older than the weights being trained a
-    group's oldest generated token may be; older groups are dropped and counted
-    (``async/dropped_stale``). 0 trains on-policy, as ``sync`` does."""
+    """``mode=async``: the pool's room, bounding staleness at admission: at most
+    ``(max_staleness + 1) * batch_size`` groups are started and not yet trained. Every
+    group that finishes trains, none is dropped; a straggler may be older than this,
+    and its tokens are corrected by the importance weight (``algorithm.tis_cap``).
+    0 trains on-policy, as ``sync`` does."""
+    max_staleness_per_token: int = -1
+    """``mode=async``: optional hard bound (-1: off). Turns generated more than this many
+    optimizer steps before the weights being trained become context (loss weight 0);
+    the group and its advantage stay (``async/masked_stale_tokens``)."""
     max_rollouts_in_flight: int = 0
     """``mode=async``: most training rollouts started and not yet finished (a multiple
     of ``group_size`` is used); 0: ``(max_staleness + 1) * batch_size * group_size``,
@@ -137,6 +146,11 @@ class TrainerConfig:
         check_exclude_on(self.exclude_on)
         if self.mode not in MODES:
             raise ConfigError(f"trainer.mode={self.mode!r}; use sync or async")
+        if int(self.max_staleness_per_token) < -1:
+            raise ConfigError(
+                f"trainer.max_staleness_per_token={self.max_staleness_per_token!r} must be -1 (off) "
+                "or an integer >= 0 (optimizer steps)"
+            )
         staleness = self.max_staleness
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ConfigError(
@@ -195,10 +209,12 @@ class AlgorithmConfig:
     """Sampling temperature during evaluation."""
     max_tokens: int = 8
     """Most tokens the model may generate per turn."""
-    tis_cap: float = 0.0
+    tis_cap: float | None = None
     """Truncated importance weight: a token's weight ``pi_trainer / pi_sampler`` in the
     gradient is capped at this value (0: no cap). Sent to the backend as
-    ``loss_config.tis_cap``; the local backend applies it, Tinker and SageMaker refuse it."""
+    ``loss_config.tis_cap``; the local backend applies it, Tinker and SageMaker refuse it.
+    Not set: ``ASYNC_TIS_CAP`` in ``trainer.mode=async`` with a ratio loss on a backend that
+    applies it (``truncates_importance_weights``), else 0."""
 
     def __post_init__(self) -> None:
         """Refuse a loss, loss settings or advantage options no backend can train with."""
@@ -213,7 +229,7 @@ class AlgorithmConfig:
             raise ConfigError(
                 f"algorithm.std={self.std!r}; use population (divide by n) or sample (by n - 1)"
             )
-        cap = float(self.tis_cap)
+        cap = float(self.tis_cap or 0.0)
         if not (cap == 0.0 or (cap >= 1.0 and math.isfinite(cap))):
             raise ConfigError(
                 f"algorithm.tis_cap={cap!r} must be 0 (off) or a finite number >= 1 (a cap below 1 "

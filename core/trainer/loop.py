@@ -17,8 +17,8 @@ every server, and the gateway is rebound once all of them report the version.
 
 ``trainer.mode=async`` replaces the rollout phase with ``RolloutPool.take``:
 rollouts run continuously and a step trains on the first ``batch_size`` groups
-that finished within ``trainer.max_staleness`` (``core.trainer.pool``); the
-rest of the step is the same. Both modes sit behind ``core.trainer.source.
+that finished (``trainer.max_staleness`` sizes the pool's room; nothing is
+dropped, ``core.trainer.pool``); the rest of the step is the same. Both modes sit behind ``core.trainer.source.
 RolloutSource``, so the step has no mode branches. The loop reads the config as
 ``core.trainer.config.TrainConfig`` (checked when converted); plugins get the composed one.
 """
@@ -36,6 +36,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from core.algo.losses import SAMPLER_LOGPROB_LOSSES
 from core.errors import ConfigError
 from core.eval.run import eval_metrics, run_eval
 from core.plugins.manager import Plugins
@@ -50,11 +51,11 @@ from core.rundir.checkpoint import (
 from core.rundir.metrics import MetricsWriter, console_line
 from core.rundir.report import write_report
 from core.rundir.traces import TraceWriter
-from core.trainer.config import load_train_config
+from core.trainer.config import ASYNC_TIS_CAP, load_train_config
 from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.guards import check_canary, check_failures, check_fresh_run_dir
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
-from core.trainer.pool import PoolResume, PoolSize, RolloutPool
+from core.trainer.pool import PoolResume, PoolSize, RolloutPool, mask_stale_turns
 from core.trainer.signal import StepSignal, build_signal
 from core.trainer.source import (
     PoolSource,
@@ -129,6 +130,17 @@ class Trainer:
         self._closers.append(self._close_metrics)
         self.console = "console" in loggers
         self.traces = TraceWriter(self.run_dir, self.t.save_traces, self.gateway.renderer.decode, self.t.keep_traces)
+
+    @property
+    def tis_cap(self) -> float:
+        """``algorithm.tis_cap``, or when not set: ``ASYNC_TIS_CAP`` for an async run with a
+        ratio loss on a backend that applies it, else 0 (off)."""
+        if self.algo.tis_cap is not None:
+            return float(self.algo.tis_cap)
+        applies = bool(getattr(self.backend, "truncates_importance_weights", False))
+        if self.t.mode == "async" and applies and self.algo.loss in SAMPLER_LOGPROB_LOSSES:
+            return ASYNC_TIS_CAP
+        return 0.0
 
     def _sampler(self) -> Any:
         """What the gateway samples with: the fleet's HTTP sampler, or the backend's own."""
@@ -212,8 +224,8 @@ class Trainer:
     async def _train(self, datums: list[Datum]) -> dict[str, float]:
         loss_config = dict(self.algo.loss_config)
         loss_config.setdefault("temperature", self.algo.temperature)
-        if self.algo.tis_cap:
-            loss_config["tis_cap"] = float(self.algo.tis_cap)
+        if self.tis_cap:
+            loss_config["tis_cap"] = self.tis_cap
         result = await self.backend.forward_backward(datums, self.algo.loss, loss_config)
         opt = await self.backend.optim_step(
             AdamParams(
@@ -308,7 +320,7 @@ class Trainer:
         )
         pool.start()
         source = PoolSource(
-            pool, batch_size=batch, max_staleness=self.t.max_staleness,
+            pool, batch_size=batch,
             version=lambda: int(self.backend.weight_version), reruns=len(self._resumed.pending),
         )
         self._closers.append(source.aclose)
@@ -329,7 +341,12 @@ class Trainer:
         flow["time/reward"] = time.perf_counter() - t0
         version = int(self.backend.weight_version)  # the weights these outcomes train
         statuses = self._check_failures(outcomes + untrained)
-        signal = self._signal(outcomes)
+        trainable = outcomes
+        if self.t.mode == "async" and self.t.max_staleness_per_token >= 0:
+            trainable, flow["async/masked_stale_tokens"] = mask_stale_turns(
+                outcomes, version, self.t.max_staleness_per_token
+            )
+        signal = self._signal(trainable)
         train_metrics = await self._update(signal, times)
         if self.fleet is not None:
             flow.update(self.fleet.metrics())

@@ -122,7 +122,6 @@ def flow_metrics(
     out: dict[str, Any] = {
         "async/staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "async/staleness_max": max(ages) if ages else 0,
-        "async/dropped_stale": 0,
         **flow,
     }
     out["rollouts/s"] = out["rollouts/finished"] / step_time if step_time > 0 else 0.0

@@ -2,15 +2,19 @@
 
 ``RolloutPool`` keeps starting GRPO groups (``group_size`` rollouts of one
 payload, in the seeded data order) while there is room, and a step takes the
-first ``batch_size`` groups that finished within the staleness bound. Room is
+first ``batch_size`` groups that finished. Room is
 ``(max_staleness + 1) * batch_size`` groups started and not yet trained (the
 step being trained counts until its weights are published), further capped
 by ``max_rollouts_in_flight``. With ``max_staleness=0`` that is exactly the
 synchronous schedule: one batch starts on the current weights and the next
-one only after the update. A group's staleness is the trained weight version
-minus the oldest weight version of any token it generated (later turns of a
-rollout may run on newer weights than its first); a group past the bound is
-dropped and counted, never trained.
+one only after the update. The room bounds staleness at admission (AReaL's
+bound); every group that finishes trains, none is dropped for staleness: a
+straggler older than the room is corrected per token by the importance weight
+against its recorded behaviour logprobs (``algorithm.tis_cap``) and, with
+``trainer.max_staleness_per_token``, its older turns become context
+(``mask_stale_turns``). A group's staleness is the trained weight version
+minus the oldest weight version of any token its trainable (``ok``) rollouts
+generated (later turns of a rollout may run on newer weights than its first).
 
 Everything runs on the event loop, so state changes between ``await`` points
 are atomic; ``state()`` is a consistent snapshot for checkpoints (the data
@@ -24,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.rollout import RolloutOutcome, RolloutRunner
@@ -48,6 +52,33 @@ def rollout_staleness(outcomes: Sequence[RolloutOutcome], version: int) -> list[
     return out
 
 
+def mask_stale_turns(
+    outcomes: Sequence[RolloutOutcome], version: int, max_staleness: int
+) -> tuple[list[RolloutOutcome], int]:
+    """``outcomes`` with every turn older than ``version - max_staleness`` made context.
+
+    Such a turn's tokens get loss weight 0 (``loss_mask`` 0, in copies of the rows),
+    so they condition the later turns but are not trained; the rollout, its reward
+    and its group's advantage stay. Returns the outcomes and how many tokens were masked.
+    """
+    out: list[RolloutOutcome] = []
+    masked = 0
+    for o in outcomes:
+        rows = []
+        for r in o.rows:
+            stale = [t for t in r.turns if version - t.weight_version > max_staleness]
+            if not stale:
+                rows.append(r)
+                continue
+            mask = list(r.loss_mask)
+            for t in stale:
+                masked += sum(mask[t.start : t.end])
+                mask[t.start : t.end] = [0] * (t.end - t.start)
+            rows.append(replace(r, loss_mask=mask))
+        out.append(replace(o, rows=rows) if rows != o.rows else o)
+    return out, masked
+
+
 @dataclass
 class FinishedGroup:
     """A group whose rollouts have all finished."""
@@ -62,8 +93,9 @@ class FinishedGroup:
     """Started again after a resume (it was in flight at the checkpoint)."""
 
     def staleness(self, version: int) -> int:
-        """Optimizer steps between ``version`` and the group's oldest generated token."""
-        oldest = oldest_version(self.outcomes)
+        """Optimizer steps between ``version`` and the oldest generated token of the group's
+        rollouts that will train (a failed member that started early does not age it)."""
+        oldest = oldest_version([o for o in self.outcomes if o.ok])
         return 0 if oldest is None else max(0, version - oldest)
 
 
@@ -223,35 +255,26 @@ class RolloutPool:
 
     # -- what a step does ---------------------------------------------------------------
 
-    async def take(
-        self, n: int, *, version: int, max_staleness: int
-    ) -> tuple[list[FinishedGroup], list[FinishedGroup], float]:
-        """Wait for the first ``n`` finished groups within ``max_staleness`` of ``version``.
+    async def take(self, n: int) -> tuple[list[FinishedGroup], float]:
+        """Wait for the first ``n`` finished groups (none is dropped for staleness).
 
-        Returns the groups (by start order), the groups dropped as too stale while
-        waiting, and the seconds waited. Taken groups count against the room until
-        ``release``.
+        Returns the groups (by start order) and the seconds waited. Taken groups
+        count against the room until ``release``.
 
         Raises:
             RuntimeError: a group failed outside the agent (a bug); the run stops.
         """
         t0 = time.perf_counter()
-        dropped: list[FinishedGroup] = []
         async with self._cond:
             while True:
                 if self._error is not None:
                     raise RuntimeError(f"a rollout group failed: {self._error!r}") from self._error
-                keep = [g for g in self._ready if g.staleness(version) <= max_staleness]
-                if len(keep) < len(self._ready):
-                    dropped.extend(g for g in self._ready if g.staleness(version) > max_staleness)
-                    self._ready = keep
-                    self._cond.notify_all()  # room freed
                 if len(self._ready) >= n:
                     break
                 await self._cond.wait()
             taken, self._ready = self._ready[:n], self._ready[n:]
             self._training += len(taken)
-        return sorted(taken, key=lambda g: g.seq), dropped, time.perf_counter() - t0
+        return sorted(taken, key=lambda g: g.seq), time.perf_counter() - t0
 
     async def release(self, n: int) -> None:
         """The step that took ``n`` groups has published its weights: their room is free."""

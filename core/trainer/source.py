@@ -6,7 +6,7 @@
 - ``StepBatch``: the rollouts a step trains on and the flow metrics so far;
 - ``SyncSource`` (``trainer.mode=sync``): each step runs its own rollouts, then trains;
 - ``PoolSource`` (``trainer.mode=async``): a step takes the first ``batch_size``
-  groups that finished within the staleness bound from a running ``RolloutPool``;
+  groups that finished from a running ``RolloutPool`` (none is dropped for staleness);
 - ``resumed_pool``: where a resumed run's pool starts (``PoolResume``).
 
 So the step in ``core.trainer.loop`` has no mode branches: both report the same
@@ -117,7 +117,6 @@ class PoolSource:
     Args:
         pool: The started pool.
         batch_size: Groups per step.
-        max_staleness: Oldest weight version lag a trained group may have.
         version: The backend's current weight version.
         reruns: Groups a resumed run started again (reported once, by the first step).
     """
@@ -127,26 +126,20 @@ class PoolSource:
         pool: RolloutPool,
         *,
         batch_size: int,
-        max_staleness: int,
         version: Callable[[], int],
         reruns: int = 0,
     ) -> None:
         self.pool = pool
         self._batch_size = batch_size
-        self._max_staleness = max_staleness
         self._version = version
         self._reruns = reruns
 
     async def take(self) -> StepBatch:
-        groups, dropped, waited = await self.pool.take(
-            self._batch_size, version=self._version(), max_staleness=self._max_staleness
-        )
-        untrained = [o for g in dropped for o in g.outcomes]
+        groups, waited = await self.pool.take(self._batch_size)
+        version = self._version()
         flow: dict[str, Any] = {
-            "async/dropped_stale": len(dropped),
-            "async/dropped_stale_rollouts": len(untrained),
-            **wasted_metrics(untrained),
-            "async/dropped_groups": [g.seq for g in dropped],
+            "async/wasted_rollouts": 0,  # nothing is dropped for staleness
+            "async/group_staleness_max": max((g.staleness(version) for g in groups), default=0),
             "async/groups": [g.seq for g in groups],
             "async/rerun": sum(1 for g in groups if g.rerun),
             "time/trainer_idle": waited,
@@ -154,7 +147,7 @@ class PoolSource:
         if self._reruns:
             flow["async/rerun_on_resume"], self._reruns = self._reruns, 0
         outcomes = [o for g in groups for o in g.outcomes]
-        return StepBatch(outcomes, [g.data_index for g in groups], waited, flow, untrained)
+        return StepBatch(outcomes, [g.data_index for g in groups], waited, flow)
 
     async def settle(self, batch: StepBatch) -> dict[str, Any] | None:
         flow = batch.flow

@@ -6,7 +6,8 @@ failures loop to the turn cap, time out, or wait for a reward). Row ``i`` is har
 1 with probability 0.5 on a hard row, 0.9 on an easy one. Each turn records the
 weight version current when it ran, so a slow rollout's first turn is its oldest.
 A "trainer" bumps the version each step without a model; ``drive`` returns what
-each step took, as ``core.trainer.loop`` would see it.
+each step took, as ``core.trainer.loop`` would see it (``max_staleness=0`` is the
+synchronous schedule).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class SlowFailureRunner:
 
     def __init__(self, version: Callable[[], int], seed: int = 0) -> None:
         self.version = version
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.finished: list[RolloutOutcome] = []
         """Every rollout that returned, in finishing order."""
 
@@ -56,9 +57,11 @@ class SlowFailureRunner:
         on_done: Callable[[RolloutOutcome], None] | None = None,
     ) -> list[RolloutOutcome]:
         async def one(group: str, payload: dict[str, Any], i: int) -> RolloutOutcome:
+            # Seeded by the group's start number and member: sync and async see the same fates.
+            rng = random.Random(f"{self.seed}-{group}-{i}")
             hard = payload["row"] in HARD
-            failed = self.rng.random() < (0.6 if hard else 0.05)
-            reward = float(self.rng.random() < (0.5 if hard else 0.9))
+            failed = rng.random() < (0.6 if hard else 0.05)
+            reward = float(rng.random() < (0.5 if hard else 0.9))
             turns = []
             for t in range(FAILED_TURNS if failed else OK_TURNS):
                 turns.append(TurnSpan(2 + 2 * t, 3 + 2 * t, FinishReason.STOP, self.version()))
@@ -145,7 +148,7 @@ async def drive(*, steps: int, batch: int, group: int, max_staleness: int, seed:
         sampling=lambda seq: SamplingParams(max_tokens=4, seed=seq),
     )
     pool.start()
-    source = PoolSource(pool, batch_size=batch, max_staleness=max_staleness, version=lambda: version[0])
+    source = PoolSource(pool, batch_size=batch, version=lambda: version[0])
     out = Drive(runner=runner)
     try:
         for _ in range(steps):

@@ -73,6 +73,8 @@ class LocalBackend:
     """Torch on this machine: a tiny offline model by default, or a Hugging Face model."""
 
     name = "local"
+    truncates_importance_weights = True
+    """Applies ``loss_config.tis_cap``: core's loop then caps async runs by default."""
 
     def __init__(
         self,

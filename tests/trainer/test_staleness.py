@@ -1,0 +1,87 @@
+"""Staleness in ``trainer.mode=async`` is bounded at admission and corrected per token
+(issue #28): the hard per-token bound masks old turns, the group stays; a group's age
+counts only rollouts that will train; ``tis_cap`` is on by default in async."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from core.errors import ConfigError
+from core.rollout import RolloutOutcome
+from core.trainer.config import ASYNC_TIS_CAP, TrainerConfig
+from core.trainer.loop import Trainer
+from core.trainer.pool import FinishedGroup, mask_stale_turns
+from core.types import (
+    FinishReason,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    TraceRecord,
+    TurnSpan,
+)
+
+
+def _outcome(versions: list[int], status: RolloutStatus = RolloutStatus.OK) -> RolloutOutcome:
+    turns = [TurnSpan(2 + 3 * i, 4 + 3 * i, FinishReason.STOP, v) for i, v in enumerate(versions)]
+    n = 2 + 3 * len(versions)
+    mask = [0] * n
+    for t in turns:
+        mask[t.start : t.end] = [1] * (t.end - t.start)
+    row = TraceRecord(session_id="s", token_ids=[1] * n, loss_mask=mask, logprobs=[-1.0] * n,
+                      prompt_length=2, turns=turns)
+    return RolloutOutcome(
+        request=RolloutRequest(rollout_id="r", group_id="g", payload={}, base_url="u", session_id="s", model_id="m"),
+        result=RolloutResult(rollout_id="r", status=status, reward=1.0 if status is RolloutStatus.OK else None,
+                             error=None, elapsed_s=0.0),
+        rows=[row],
+    )
+
+
+def test_turns_older_than_the_hard_bound_become_context() -> None:
+    o = _outcome([3, 5, 6])  # trained at version 7, bound 1: turns of versions 3 and 5 are stale
+    (masked_o,), masked = mask_stale_turns([o], version=7, max_staleness=1)
+    assert masked == 4
+    row = masked_o.rows[0]
+    assert row.loss_mask == [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0]
+    assert row.token_ids == o.rows[0].token_ids and row.turns == o.rows[0].turns  # still context
+    assert masked_o.result.reward == 1.0  # the rollout and its advantage stay
+    assert sum(o.rows[0].loss_mask) == 6  # the recorded rollout is not changed
+    (same,), none = mask_stale_turns([o], version=7, max_staleness=4)
+    assert same is o and none == 0
+
+
+def test_a_groups_age_counts_only_rollouts_that_will_train() -> None:
+    early_failure = _outcome([0], RolloutStatus.TIMEOUT)
+    group = FinishedGroup(seq=0, data_index=0, outcomes=[early_failure, _outcome([4]), _outcome([5])])
+    assert group.staleness(6) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "loss", "given", "applies", "expected"),
+    [
+        ("async", "ppo", None, True, ASYNC_TIS_CAP),
+        ("async", "cispo", None, True, ASYNC_TIS_CAP),
+        ("async", "importance_sampling", None, True, ASYNC_TIS_CAP),
+        ("async", "ppo", 0.0, True, 0.0),  # explicitly off
+        ("async", "ppo", 5.0, True, 5.0),
+        ("async", "ppo", None, False, 0.0),  # Tinker, SageMaker: their losses have no cap
+        ("async", "cross_entropy", None, True, 0.0),
+        ("sync", "ppo", None, True, 0.0),
+    ],
+)
+def test_tis_cap_is_on_by_default_in_async(
+    mode: str, loss: str, given: float | None, applies: bool, expected: float
+) -> None:
+    fake = SimpleNamespace(
+        algo=SimpleNamespace(tis_cap=given, loss=loss),
+        t=SimpleNamespace(mode=mode),
+        backend=SimpleNamespace(truncates_importance_weights=applies),
+    )
+    assert Trainer.tis_cap.fget(fake) == expected  # type: ignore[attr-defined]
+
+
+def test_max_staleness_per_token_is_checked() -> None:
+    with pytest.raises(ConfigError, match="max_staleness_per_token=-2 must be -1"):
+        TrainerConfig(max_staleness_per_token=-2)
