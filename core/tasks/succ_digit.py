@@ -88,6 +88,7 @@ def write_dataset(
     seed: int = 0,
     long_tail_p50_s: float = 0.0,
     long_tail_ratio: float = 10.0,
+    long_tail_fail_slowdown: float = 1.0,
 ) -> None:
     """Write ``rows`` random training payloads and one eval payload per digit.
 
@@ -96,6 +97,9 @@ def write_dataset(
     ``long_tail_p50_s``, p99/p50 ``long_tail_ratio``) from which every rollout
     draws its own seeded lognormal delay to wait after its model call (see
     ``solve``). The rows themselves (and so the data) are the same as without it.
+    ``long_tail_fail_slowdown`` > 1 correlates the delay with failure: a rollout
+    whose reply is wrong waits that many times longer (an agent whose failures
+    loop to the turn cap or time out).
     """
     if long_tail_p50_s < 0 or long_tail_ratio < 1:
         raise ValueError(
@@ -114,6 +118,8 @@ def write_dataset(
                     "p50_s": long_tail_p50_s,
                     "ratio": long_tail_ratio,
                 }
+                if long_tail_fail_slowdown != 1.0:
+                    payload["long_tail"]["fail_slowdown"] = long_tail_fail_slowdown
             f.write(json.dumps({"payload": payload}) + "\n")
     with open(eval_path, "w") as f:
         for n in range(10):
@@ -175,9 +181,12 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     if response.status_code != 200:
         raise RuntimeError(f"gateway answered HTTP {response.status_code}: {response.text[:500]}")
     reply = response.json()["choices"][0]["message"]["content"] or ""
+    reward = charwise_reward(reply, str(payload["answer"]))
     if delay > 0:  # the long-tail option: a slow tool after the model call
+        if reward < 1.0:  # correlated workload: failing rollouts take longer
+            delay *= float((payload.get("long_tail") or {}).get("fail_slowdown", 1.0))
         await asyncio.sleep(delay)
     return {
-        "reward": charwise_reward(reply, str(payload["answer"])),
+        "reward": reward,
         "metrics": {"reply_chars": float(len(reply.strip()))},
     }
