@@ -434,7 +434,7 @@ def _line(record: Mapping[str, Any]) -> bytes:
     try:
         return orjson.dumps(record, default=str, option=_DUMP) + b"\n"
     except TypeError:
-        pass
+        pass  # a value orjson cannot write (a 2**64 int, nesting past its limit): made storable below
     try:
         return orjson.dumps(storable(record), default=str, option=_DUMP) + b"\n"
     except TypeError as exc:

@@ -35,7 +35,7 @@ def moto_s3_server(bucket: str, *, region: str = "us-east-1") -> Iterator[str]:
             else:
                 s3.create_bucket(Bucket=bucket)
         except s3.exceptions.BucketAlreadyOwnedByYou:
-            pass
+            pass  # another test made it on this server: the bucket is what we need
         yield endpoint
     finally:
         server.stop()

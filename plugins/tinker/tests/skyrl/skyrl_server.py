@@ -172,7 +172,7 @@ class SkyrlServer:
                     if resp.status == 200:
                         return self
             except OSError:
-                pass
+                pass  # not listening yet: poll again until the deadline
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"SkyRL tx server did not answer within {timeout_s:.0f}s:\n{self.log_tail()}")
@@ -195,4 +195,4 @@ class SkyrlServer:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         except ProcessLookupError:
-            pass
+            pass  # the server's process group has already exited
