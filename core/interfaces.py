@@ -84,7 +84,9 @@ class Sampler(Protocol):
         Returns:
             The generated tokens with their logprobs (from the distribution
             actually sampled, i.e. after temperature), the finish reason and
-            the version of the weights that produced them.
+            the version of the weights that produced them; a generation a weight
+            update interrupted and continued on the new weights reports the
+            version it started on and ``segments`` (each token's version).
 
         Raises:
             SamplerError: the backend failed; the gateway answers 5xx/503.

@@ -5,6 +5,9 @@ Defines:
 - ``SamplingParams``: what the gateway asks a sampler for.
 - ``SampleResult``: what a sampler returns (token ids, logprobs, finish reason, weight version).
 - ``FinishReason``, ``RolloutStatus``: string enums used in traces and results.
+- ``Segment``: a stretch of one turn's tokens sampled under one weight version (a turn
+  interrupted by a weight update has several).
+- ``check_segments``: the rule segments follow.
 - ``TurnSpan``: where one generated turn sits inside a ``TraceRecord`` row.
 - ``TraceRecord``: one training row captured by the gateway for a session.
 - ``RolloutRequest`` / ``RolloutResult``: what the trainer hands a runtime and gets back.
@@ -39,9 +42,11 @@ __all__ = [
     "RolloutStatus",
     "SampleResult",
     "SamplingParams",
+    "Segment",
     "TokenIds",
     "TraceRecord",
     "TurnSpan",
+    "check_segments",
 ]
 
 TokenIds: TypeAlias = list[int]
@@ -134,6 +139,48 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """A stretch of a turn's generated tokens, all sampled under one weight version.
+
+    A generation interrupted by a weight update and continued on the new weights
+    (a partial rollout) has one segment per version; each token's behaviour logprob
+    is that of the weights named here, so staleness and the importance weight are
+    per token. ``start``/``end`` index the turn's tokens in a ``SampleResult`` and
+    the row's ``token_ids`` in a ``TurnSpan``.
+    """
+
+    start: int
+    """Index of the segment's first token."""
+    end: int
+    """One past its last token."""
+    weight_version: int
+    """Weights that generated these tokens."""
+
+
+def check_segments(segments: tuple[Segment, ...], start: int, end: int, version: int) -> None:
+    """Raise ``ValueError`` unless ``segments`` tile ``[start, end)`` in order, each non-empty,
+    the first under ``version`` and the versions never decreasing."""
+    if not segments:
+        return
+    at, last = start, version
+    if segments[0].weight_version != version:
+        raise ValueError(
+            f"the first segment's weight_version {segments[0].weight_version} must be the turn's {version}"
+        )
+    for seg in segments:
+        if seg.start != at or seg.end <= seg.start or seg.weight_version < last:
+            raise ValueError(
+                f"segments {[(g.start, g.end, g.weight_version) for g in segments]!r} must tile "
+                f"[{start}, {end}) in order, each non-empty, with non-decreasing weight versions"
+            )
+        at, last = seg.end, seg.weight_version
+    if at != end:
+        raise ValueError(
+            f"segments {[(g.start, g.end, g.weight_version) for g in segments]!r} end at {at}, not {end}"
+        )
+
+
+@dataclass(frozen=True)
 class SampleResult:
     """What a sampler returns for one call."""
 
@@ -144,15 +191,21 @@ class SampleResult:
     finish_reason: FinishReason
     """Why generation ended."""
     weight_version: int
-    """Version of the weights that produced these tokens (bumped after every sync)."""
+    """Version of the weights that produced these tokens (bumped after every sync); for a
+    generation interrupted by a weight update, the version it started on (its oldest)."""
     routed_experts: Any | None = None
     """Opaque per-token expert routing, when an MoE server returns it."""
+    segments: tuple[Segment, ...] = ()
+    """Set when a weight update interrupted the generation and it went on under newer
+    weights: the versions of ``token_ids[start:end]``, in order, tiling them. Empty:
+    every token is ``weight_version``'s."""
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"SampleResult has {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
             )
+        check_segments(self.segments, 0, len(self.token_ids), self.weight_version)
 
 
 @dataclass(frozen=True)
@@ -166,7 +219,14 @@ class TurnSpan:
     finish_reason: FinishReason
     """Why the sampler stopped this turn."""
     weight_version: int
-    """Weights that generated this turn."""
+    """Weights that generated this turn (its first segment's, when it has several)."""
+    segments: tuple[Segment, ...] = ()
+    """Row positions generated under each weight version, when a weight update
+    interrupted the turn (see ``Segment``); empty: all under ``weight_version``."""
+
+    def version_segments(self) -> tuple[Segment, ...]:
+        """The turn's segments; one covering the turn when it was never interrupted."""
+        return self.segments or (Segment(self.start, self.end, self.weight_version),)
 
 
 @dataclass
@@ -209,6 +269,15 @@ class TraceRecord:
         """Number of tokens the loss trains on."""
         return sum(self.loss_mask)
 
+    def token_versions(self) -> list[int | None]:
+        """The weight version of each generated token (from its turn's segments), None
+        for tokens no turn generated (the prompt, tool results)."""
+        out: list[int | None] = [None] * len(self.token_ids)
+        for span in self.turns:
+            for seg in span.version_segments():
+                out[seg.start : seg.end] = [seg.weight_version] * (seg.end - seg.start)
+        return out
+
     def validate(self) -> None:
         """Raise ``ValueError`` when the row breaks the alignment convention."""
         n = len(self.token_ids)
@@ -228,6 +297,10 @@ class TraceRecord:
         for span in self.turns:
             if not self.prompt_length <= span.start <= span.end <= n:
                 raise ValueError(f"TraceRecord {self.session_id!r}: turn {span} out of bounds")
+            try:
+                check_segments(span.segments, span.start, span.end, span.weight_version)
+            except ValueError as exc:
+                raise ValueError(f"TraceRecord {self.session_id!r}: turn {span.start}-{span.end}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.gateway.messages import Unit, raws_of
-from core.types import FinishReason, TraceRecord, TurnSpan
+from core.types import FinishReason, Segment, TraceRecord, TurnSpan
 
 __all__ = ["Matched", "Node", "Turn", "build_rows", "match_path", "release", "reserve_prompt"]
 
@@ -47,7 +47,7 @@ class Turn:
     finish_reason: FinishReason
     """Why the sampler stopped."""
     weight_version: int
-    """Weights that generated the turn."""
+    """Weights that generated the turn (the first segment's when it has several)."""
     params: dict[str, Any]
     """Sampling parameters actually used (temperature, top_p, top_k, max_tokens)."""
     parent: Turn | None
@@ -62,6 +62,9 @@ class Turn:
     """Reasoning was split off the turn's text (``reasoning_content`` of its message)."""
     extended: bool = False
     """A child already appends to ``buf`` in place; further children copy."""
+    segments: tuple[Segment, ...] = ()
+    """The sampler's segments (offsets into the generated tokens) when a weight update
+    interrupted the turn; empty when one version generated it all."""
 
 
 @dataclass(eq=False, slots=True)
@@ -205,7 +208,8 @@ def build_rows(
                 trained.add(id(turn))
                 loss_mask[s:e] = [1] * (e - s)
                 logprobs[s:e] = turn.logprobs
-            spans.append(TurnSpan(s, e, turn.finish_reason, turn.weight_version))
+            segments = tuple(Segment(s + g.start, s + g.end, g.weight_version) for g in turn.segments)
+            spans.append(TurnSpan(s, e, turn.finish_reason, turn.weight_version, segments))
         meta = dict(metadata)
         meta.update(
             row_turns=len(chain),

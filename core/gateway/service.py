@@ -413,6 +413,7 @@ class Gateway:
             ill_formed=reply.ill_formed,
             choice_violated=reply.choice_violated,
             reasoning=bool(reply.reasoning),
+            segments=result.segments,
         )
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:

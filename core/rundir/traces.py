@@ -19,7 +19,8 @@ A row stores ``token_ids`` after the prefix it shares with an earlier row of the
 same rollout (``base: [row, n]``: the first n tokens are that row's), the loss
 mask as ``[start, end)`` runs, ``logprobs`` only where the mask is 1 (rounded to
 ``LOGPROB_DECIMALS``), turns as ``[start, end, finish_reason, weight_version]``
-and the gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
+(with a fifth item, ``[[start, end, weight_version], ...]``, for a turn a weight
+update interrupted: its segments) and the gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
 
 A trace is never fatal to a run: values orjson cannot write (integers outside
 64 bits, containers nested deeper than ``STORED_DEPTH``; both arrive from
@@ -55,7 +56,7 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from core.types import FinishReason, RolloutStatus, TraceRecord, TurnSpan
+from core.types import FinishReason, RolloutStatus, Segment, TraceRecord, TurnSpan
 
 TRACES_DIR = "traces"
 """Subdirectory of the run directory holding the trace files."""
@@ -157,6 +158,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def encode_turn(turn: TurnSpan) -> list[Any]:
+    """``[start, end, finish_reason, weight_version]``, plus ``[[start, end, version], ...]``
+    when a weight update interrupted the turn (its segments)."""
+    out: list[Any] = [turn.start, turn.end, str(turn.finish_reason), turn.weight_version]
+    if turn.segments:
+        out.append([[g.start, g.end, g.weight_version] for g in turn.segments])
+    return out
+
+
+def decode_turn(stored: Sequence[Any]) -> TurnSpan:
+    """The ``TurnSpan`` ``encode_turn`` stored (files written before segments have four items)."""
+    s, e, f, v = stored[:4]
+    segments = tuple(Segment(int(a), int(b), int(w)) for a, b, w in stored[4]) if len(stored) > 4 else ()
+    return TurnSpan(int(s), int(e), FinishReason(f), int(v), segments)
+
+
 def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:
     """The stored form of one rollout's rows (see the module docstring)."""
     out: list[dict[str, Any]] = []
@@ -178,7 +195,7 @@ def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:
                 "logprobs": [
                     round(lp, LOGPROB_DECIMALS) for lp, m in zip(row.logprobs, row.loss_mask, strict=True) if m
                 ],
-                "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
+                "turns": [encode_turn(t) for t in row.turns],
                 "metadata": row.metadata,
             }
         )
@@ -213,7 +230,7 @@ def decode_rows(stored: Sequence[Mapping[str, Any]], rollout: Mapping[str, Any] 
                 loss_mask=mask,
                 logprobs=logprobs,
                 prompt_length=int(row["prompt_length"]),
-                turns=[TurnSpan(int(s), int(e), FinishReason(f), int(v)) for s, e, f, v in row["turns"]],
+                turns=[decode_turn(t) for t in row["turns"]],
                 row_index=int(row.get("row_index", len(records))),
                 rollout_id=rollout.get("rollout_id"),
                 group_id=rollout.get("group_id"),

@@ -4,7 +4,8 @@
 - ``StepReport``: everything a step produced that its record summarises;
 - ``step_metrics``: rewards, rollout statuses, trace and fault counts, data position,
   times, and the group, train and eval metrics;
-- ``flow_metrics``: staleness of what trained, idle times and throughput (the same
+- ``flow_metrics``: staleness of what trained (per rollout and per token, read from
+  each turn's segments), interrupted turns, idle times and throughput (the same
   keys in ``trainer.mode=sync`` and ``async``).
 
 Writing the records is ``core.rundir.metrics``'s job.
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.rollout import FAULT_KEYS, RolloutOutcome
-from core.trainer.pool import rollout_staleness
+from core.trainer.pool import interrupted_turns, rollout_staleness, token_staleness
 from core.types import Datum, RolloutStatus
 
 
@@ -118,10 +119,15 @@ def flow_metrics(
 ) -> dict[str, Any]:
     """Staleness of what trained (against weight ``version``), then ``flow`` (the rollout
     source's idle times and counts, which carry ``rollouts/finished``), then throughput."""
-    ages = rollout_staleness([o for o in outcomes if o.ok], version)
+    trained = [o for o in outcomes if o.ok]
+    ages = rollout_staleness(trained, version)
+    token_mean, token_max = token_staleness(trained, version)
     out: dict[str, Any] = {
         "async/staleness_mean": sum(ages) / len(ages) if ages else 0.0,
         "async/staleness_max": max(ages) if ages else 0,
+        "async/token_staleness_mean": token_mean,
+        "async/token_staleness_max": token_max,
+        "async/interrupted_turns": interrupted_turns(trained),
         **flow,
     }
     out["rollouts/s"] = out["rollouts/finished"] / step_time if step_time > 0 else 0.0

@@ -14,7 +14,9 @@ against its recorded behaviour logprobs (``algorithm.tis_cap``) and, with
 ``trainer.max_staleness_per_token``, its older turns become context
 (``mask_stale_turns``). A group's staleness is the trained weight version
 minus the oldest weight version of any token its trainable (``ok``) rollouts
-generated (later turns of a rollout may run on newer weights than its first).
+generated (later turns of a rollout may run on newer weights than its first,
+and a turn interrupted by a weight update goes on under the new ones: each of
+its segments carries its own version).
 
 Everything runs on the event loop, so state changes between ``await`` points
 are atomic; ``state()`` is a consistent snapshot for checkpoints (the data
@@ -37,8 +39,8 @@ from core.types import SamplingParams
 
 
 def oldest_version(outcomes: Sequence[RolloutOutcome]) -> int | None:
-    """Lowest weight version of any generated turn in ``outcomes`` (None: no turn)."""
-    versions = [t.weight_version for o in outcomes for r in o.rows for t in r.turns]
+    """Lowest weight version of any generated token in ``outcomes`` (None: no turn)."""
+    versions = [g.weight_version for o in outcomes for r in o.rows for t in r.turns for g in t.version_segments()]
     return min(versions) if versions else None
 
 
@@ -52,28 +54,52 @@ def rollout_staleness(outcomes: Sequence[RolloutOutcome], version: int) -> list[
     return out
 
 
+def token_staleness(outcomes: Sequence[RolloutOutcome], version: int) -> tuple[float, int]:
+    """Mean and most optimizer steps between ``version`` and the weights of each trained
+    token (``loss_mask`` 1) of ``outcomes``, read per segment; ``(0.0, 0)`` without one."""
+    total = count = most = 0
+    for o in outcomes:
+        for r in o.rows:
+            for t in r.turns:
+                for g in t.version_segments():
+                    n = sum(r.loss_mask[g.start : g.end])
+                    if n:
+                        age = max(0, version - g.weight_version)
+                        total, count, most = total + n * age, count + n, max(most, age)
+    return (total / count if count else 0.0), most
+
+
+def interrupted_turns(outcomes: Sequence[RolloutOutcome]) -> int:
+    """Turns of ``outcomes`` a weight update interrupted (more than one segment)."""
+    return sum(len(t.segments) > 1 for o in outcomes for r in o.rows for t in r.turns)
+
+
 def mask_stale_turns(
     outcomes: Sequence[RolloutOutcome], version: int, max_staleness: int
 ) -> tuple[list[RolloutOutcome], int]:
-    """``outcomes`` with every turn older than ``version - max_staleness`` made context.
+    """``outcomes`` with every token older than ``version - max_staleness`` made context.
 
-    Such a turn's tokens get loss weight 0 (``loss_mask`` 0, in copies of the rows),
-    so they condition the later turns but are not trained; the rollout, its reward
-    and its group's advantage stay. Returns the outcomes and how many tokens were masked.
+    A token's version is its turn's segment's (a turn interrupted by a weight update
+    and continued on newer weights may be stale in its first segment only). Such
+    tokens get loss weight 0 (``loss_mask`` 0, in copies of the rows), so they
+    condition the later ones but are not trained; the rollout, its reward and its
+    group's advantage stay. Returns the outcomes and how many tokens were masked.
     """
     out: list[RolloutOutcome] = []
     masked = 0
     for o in outcomes:
         rows = []
         for r in o.rows:
-            stale = [t for t in r.turns if version - t.weight_version > max_staleness]
+            stale = [
+                g for t in r.turns for g in t.version_segments() if version - g.weight_version > max_staleness
+            ]
             if not stale:
                 rows.append(r)
                 continue
             mask = list(r.loss_mask)
-            for t in stale:
-                masked += sum(mask[t.start : t.end])
-                mask[t.start : t.end] = [0] * (t.end - t.start)
+            for g in stale:
+                masked += sum(mask[g.start : g.end])
+                mask[g.start : g.end] = [0] * (g.end - g.start)
             rows.append(replace(r, loss_mask=mask))
         out.append(replace(o, rows=rows) if rows != o.rows else o)
     return out, masked
