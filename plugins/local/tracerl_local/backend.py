@@ -22,11 +22,12 @@ import torch
 from core.errors import ConfigError, TrainingError
 from core.interfaces import LossName
 from core.types import AdamParams, Datum, ForwardBackwardResult
+from tracerl_local.chunked import check_split, split_head
 from tracerl_local.config import LocalBackendConfig
 from tracerl_local.losses import parse_loss_config
-from tracerl_local.model import cache_argument, load_model
+from tracerl_local.model import cache_argument, enable_checkpointing, load_model, model_forward
 from tracerl_local.sampler import LocalSampler
-from tracerl_local.training import check_datums, forward_backward_sync
+from tracerl_local.training import TrainShape, check_datums, forward_backward_sync
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -69,6 +70,18 @@ def _task_texts(task: Any, key: str) -> list[str] | None:
         ) from exc
 
 
+def _check_train_shape(config: LocalBackendConfig) -> None:
+    """Refuse micro-batch and chunk sizes that cannot bound anything."""
+    for key in ("train_micro_batch", "train_tokens_per_micro_batch", "train_logprob_chunk"):
+        value = getattr(config, key)
+        least = 1 if key == "train_micro_batch" else 0
+        if value < least:
+            raise ConfigError(
+                f"backend.{key}={value!r} must be >= {least}"
+                + ("" if least else " (0 turns the bound off)")
+            )
+
+
 class LocalBackend:
     """Torch on this machine: a tiny offline model by default, or a Hugging Face model."""
 
@@ -99,6 +112,7 @@ class LocalBackend:
             raise ConfigError(
                 f"backend.optimizer.name={config.optimizer.name!r} is not supported; use adamw"
             )
+        _check_train_shape(config)
         self.config = config
         self.seed = seed
         self._model, self._tokenizer = load_model(
@@ -110,6 +124,15 @@ class LocalBackend:
         )
         self._model.eval()  # no dropout: trainer and sampler see the same function
         self._cache_arg = cache_argument(self._model)
+        if config.train_logprob_chunk > 0:
+            model, cache_arg = self._model, self._cache_arg
+            check_split(
+                model,
+                split_head(model),
+                lambda ids, mask, pos: model_forward(model, ids, mask, pos, cache_arg=cache_arg),
+            )
+        if config.gradient_checkpointing:
+            enable_checkpointing(self._model)
         self._max_positions = int(self._model.config.max_position_embeddings)
         self._version = 0
         self._optimizer: torch.optim.Optimizer | None = None
@@ -204,7 +227,11 @@ class LocalBackend:
                     settings,
                     pad_id=int(self._tokenizer.pad_token_id),
                     cache_arg=self._cache_arg,
-                    micro_batch=self.config.train_micro_batch,
+                    shape=TrainShape(
+                        micro_batch=self.config.train_micro_batch,
+                        tokens_per_micro_batch=self.config.train_tokens_per_micro_batch,
+                        logprob_chunk=self.config.train_logprob_chunk,
+                    ),
                 )
             except (ConfigError, TrainingError):
                 raise

@@ -91,4 +91,15 @@ class LocalBackendConfig:
     batch_wait_ms: float = 2.0
     """How long the sampler waits to gather concurrent requests into one batch."""
     train_micro_batch: int = 64
-    """Datums per forward/backward micro-batch (bounds activation memory)."""
+    """Most datums per forward/backward micro-batch (bounds activation memory)."""
+    train_tokens_per_micro_batch: int = 16384
+    """Most padded tokens (datums x longest datum) per forward/backward micro-batch; a
+    datum longer than this goes alone. 0: only ``train_micro_batch`` bounds a micro-batch."""
+    train_logprob_chunk: int = 1024
+    """Tokens whose full-vocabulary logits exist at once when the trainer scores its
+    tokens (computed again in the backward, one chunk at a time). 0: the whole
+    micro-batch's at once (faster for tiny vocabularies, tokens x vocabulary floats)."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input for the backward and run the layer again
+    there (transformers' activation checkpointing): less memory, about a third more
+    compute. Refused for models configured with dropout."""

@@ -6,6 +6,8 @@ Defines:
 - ``build_tiny_model``: the ``tiny`` preset, a Qwen2-style model with random
   weights, deterministic in the seed, sized to the offline tiny tokenizer.
 - ``load_model``: ``tiny`` or a Hugging Face name/path, with optional LoRA.
+- ``enable_checkpointing``: transformers' activation checkpointing, refused
+  for a model configured with dropout.
 - ``model_forward``: one forward pass with explicit positions and an optional
   KV cache. transformers 5.x renamed the cache argument from
   ``past_key_values`` to ``cache``; the name is picked once from the signature
@@ -160,6 +162,45 @@ def load_model(
     model.to(device)
     model.train()
     return model, tokenizer
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on transformers' activation checkpointing (non-reentrant, every decoder layer).
+
+    A checkpointed layer is recomputed only in training mode, and the trainer
+    keeps the model in eval mode so that it computes what the sampler computes;
+    ``tracerl_local.training.checkpointed_layers`` flips the layers' own flag
+    for the forward. A dropout probability in the model's config could then
+    apply in the trainer and not in the sampler, so such a model is refused.
+
+    Raises:
+        ConfigError: the model cannot checkpoint, or its config sets a dropout.
+    """
+    base: Any = model
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        base = get_base()
+    config = getattr(base, "config", None)
+    values = config.to_dict() if config is not None else {}
+    dropouts = {
+        k: v for k, v in values.items()
+        if ("dropout" in k or "pdrop" in k) and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    }
+    if dropouts:
+        raise ConfigError(
+            f"backend.gradient_checkpointing=true with a model whose config sets dropout {dropouts!r}: "
+            "the recomputed layers would drop activations the sampler keeps; set those to 0 in the "
+            "model's config.json, or backend.gradient_checkpointing=false"
+        )
+    enable = getattr(base, "activation_checkpointing_enable", None) or getattr(
+        base, "gradient_checkpointing_enable", None
+    )
+    if not callable(enable) or not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"backend.gradient_checkpointing=true but {type(base).__name__} does not support "
+            "activation checkpointing; set backend.gradient_checkpointing=false"
+        )
+    enable({"use_reentrant": False})
 
 
 def cache_argument(model: torch.nn.Module) -> str:

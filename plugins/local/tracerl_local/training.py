@@ -6,20 +6,80 @@ left-padded ``cumsum(mask) - 1`` gives), scored with the same
 ``processed_logprobs`` the sampler uses, and processed in micro-batches whose
 losses are each divided by the *whole call's* total weight before
 ``backward``, so the accumulated gradient is that of the token-level mean.
+
+Memory (``TrainShape``): a micro-batch holds at most ``micro_batch`` datums and
+``tokens_per_micro_batch`` padded tokens; with ``logprob_chunk`` the logits are
+made ``logprob_chunk`` tokens at a time (``tracerl_local.chunked``). With
+activation checkpointing on (``enable_checkpointing``) the decoder layers keep
+only their inputs for the backward and run again there.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from core.errors import ConfigError
 from core.types import Datum, ForwardBackwardResult
+from tracerl_local.chunked import chunked_scores, split_head
 from tracerl_local.logits import processed_logprobs
 from tracerl_local.losses import LossSettings, token_losses
 from tracerl_local.model import model_forward
+
+
+@dataclass(frozen=True)
+class TrainShape:
+    """How ``forward_backward_sync`` cuts a call up to bound its memory (none changes the gradient)."""
+
+    micro_batch: int = 64
+    """Most datums per forward/backward."""
+    tokens_per_micro_batch: int = 0
+    """Most padded tokens (datums x longest) per forward/backward; 0: no bound. A datum
+    longer than this goes alone."""
+    logprob_chunk: int = 0
+    """Tokens whose logits exist at once (``tracerl_local.chunked``); 0: the whole micro-batch's."""
+
+
+def micro_batches(datums: Sequence[Datum], shape: TrainShape) -> list[range]:
+    """Consecutive index ranges of ``datums``, each within ``shape``'s datum and token bounds."""
+    out: list[range] = []
+    start, width = 0, 0
+    for i, d in enumerate(datums):
+        n = len(d.model_input)
+        rows = i - start + 1
+        full = rows > max(1, shape.micro_batch)
+        over = shape.tokens_per_micro_batch > 0 and rows * max(width, n) > shape.tokens_per_micro_batch
+        if i > start and (full or over):
+            out.append(range(start, i))
+            start, width = i, 0
+        width = max(width, n)
+    out.append(range(start, len(datums)))
+    return out
+
+
+@contextmanager
+def checkpointed_layers(model: torch.nn.Module) -> Iterator[None]:
+    """Mark the layers transformers checkpoints as training, for the duration, and only them.
+
+    transformers recomputes a checkpointed layer only when the layer is in
+    training mode; ``model.train()`` would also switch on every dropout below
+    it, which the sampler never applies. The layers' own flag alone is set
+    (``LocalBackend`` refuses activation checkpointing for models configured
+    with dropout), then restored.
+    """
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    before = [m.training for m in layers]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m, was in zip(layers, before, strict=True):
+            m.training = was
 
 
 def check_datums(datums: Sequence[Datum], vocab: int, max_positions: int) -> None:
@@ -50,9 +110,10 @@ def trainer_logprobs(
     settings: LossSettings,
     pad_id: int,
     cache_arg: str,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """``(B, L)`` logprobs of each datum's targets (with gradient); padding positions are 0."""
-    return trainer_logprobs_and_entropy(model, datums, settings, pad_id, cache_arg)[0]
+    return trainer_logprobs_and_entropy(model, datums, settings, pad_id, cache_arg, chunk_tokens)[0]
 
 
 def trainer_logprobs_and_entropy(
@@ -61,11 +122,15 @@ def trainer_logprobs_and_entropy(
     settings: LossSettings,
     pad_id: int,
     cache_arg: str,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``trainer_logprobs`` and the ``(B, L)`` entropy of each position's sampling
     distribution (padding positions are 0). The entropy carries gradient only with
     ``settings.entropy_coef``: as a plain metric it would keep two vocabulary-sized
-    tensors per token alive in the autograd graph until ``backward``."""
+    tensors per token alive in the autograd graph until ``backward``.
+
+    ``chunk_tokens`` > 0 scores the real (unpadded) tokens that many at a time
+    (``tracerl_local.chunked``); 0 makes the whole batch's logits at once."""
     device = next(model.parameters()).device
     n, width = len(datums), max(len(d.model_input) for d in datums)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -78,6 +143,13 @@ def trainer_logprobs_and_entropy(
         attn[i, :k] = 1
     ids, targets, attn = ids.to(device), targets.to(device), attn.to(device)
     positions = torch.arange(width, device=device).expand(n, width)
+    if chunk_tokens > 0:
+        split = split_head(model)
+        real = attn.bool()
+        hidden = split.hidden(ids, attn, positions)
+        picked_flat, entropy_flat = chunked_scores(split, hidden[real], targets[real], settings, chunk_tokens)
+        zeros = torch.zeros((n, width), dtype=torch.float32, device=device)
+        return zeros.masked_scatter(real, picked_flat), zeros.masked_scatter(real, entropy_flat)
     logits = model_forward(model, ids, attn, positions, cache_arg=cache_arg).logits
     flat = logits.reshape(n * width, -1)
     rows = flat.shape[0]
@@ -101,7 +173,7 @@ def forward_backward_sync(
     *,
     pad_id: int,
     cache_arg: str,
-    micro_batch: int,
+    shape: TrainShape,
 ) -> ForwardBackwardResult:
     """Accumulate the gradient of the token-level mean loss over ``datums``.
 
@@ -109,16 +181,15 @@ def forward_backward_sync(
     and ``logprob_diff/mean`` (|sampler - trainer| over weighted tokens),
     ``clip_fraction``, ``ratio/mean``, ``tis_truncated_fraction`` (with ``tis_cap``) and ``entropy`` (weighted; nats), and per-datum
     trainer logprobs. ``settings.entropy_coef`` adds ``-entropy_coef * entropy`` to
-    each token's loss.
+    each token's loss. ``shape`` bounds the memory of each forward/backward.
     """
     device = next(model.parameters()).device
     total_weight = sum(sum(d.weights) for d in datums)
     norm = total_weight if total_weight > 0 else 1.0
     loss_sum = diff_max = diff_sum = clip_sum = ratio_sum = entropy_sum = truncated_sum = 0.0
     per_datum: list[list[float]] = []
-    micro = max(1, micro_batch)
-    for start in range(0, len(datums), micro):
-        chunk = datums[start : start + micro]
+    for indices in micro_batches(datums, shape):
+        chunk = datums[indices.start : indices.stop]
         width = max(len(d.model_input) for d in chunk)
 
         def padded(values: list[list[float]], width: int = width) -> torch.Tensor:
@@ -130,7 +201,10 @@ def forward_backward_sync(
         weights = padded([list(d.weights) for d in chunk])
         old = padded([list(d.logprobs) for d in chunk])
         adv = padded([list(d.advantages) for d in chunk])
-        logp, entropy = trainer_logprobs_and_entropy(model, chunk, settings, pad_id, cache_arg)
+        with checkpointed_layers(model):
+            logp, entropy = trainer_logprobs_and_entropy(
+                model, chunk, settings, pad_id, cache_arg, shape.logprob_chunk
+            )
         per_token, clipped = token_losses(settings, logp, old, adv)
         if settings.entropy_coef:
             per_token = per_token - settings.entropy_coef * entropy
