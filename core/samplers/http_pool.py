@@ -16,6 +16,14 @@ consecutive successes bring it back. A request that cannot even connect takes
 its server out at once (it is certainly unreachable); the checks bring it back.
 When every server is out the pool still routes (by the same hash over all of
 them): stale health must not turn a brief blip into a total outage.
+
+Weights: a server whose weights are not the current ones (``needs_weights``:
+it answered with its launch version, or it was out of rotation and may have
+restarted with its launch weights) gets no traffic at all, not even when
+every other server is out. When a weight pusher is attached (``readmit``), a
+server coming back from unhealthy goes through it before its first request:
+the pusher loads the current weights into it (or checks it still has them),
+and only then is it back in rotation.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,6 +64,9 @@ class ServerState:
     """Why the server was last marked down (for error messages and stats)."""
     requests: int = 0
     """Requests sent to this server (for stats and tests)."""
+    needs_weights: bool = False
+    """Serves weights other than the current ones (restarted with its launch weights,
+    or down during a push): routed nothing until the current weights are pushed to it."""
 
 
 def _weight(url: str, key: str) -> int:
@@ -95,19 +106,35 @@ class ServerPool:
         self.unhealthy_after = max(1, unhealthy_after)
         self.healthy_after = max(1, healthy_after)
         self._task: asyncio.Task[None] | None = None
+        self.readmit: Callable[[ServerState], Awaitable[bool]] | None = None
+        """Set by a weight pusher: makes a server coming back from unhealthy (or one that
+        ``needs_weights``) serve the current weights; True when it now does."""
 
     # -- routing --------------------------------------------------------------------
 
     def ranked(self, key: str) -> list[ServerState]:
-        """Servers in preference order for ``key``: healthy ones by hash, then the rest by hash."""
-        order = sorted(self.servers, key=lambda s: _weight(s.url, key), reverse=True)
+        """Servers in preference order for ``key``: healthy ones by hash, then the rest by
+        hash; never one that ``needs_weights`` (it would serve other weights)."""
+        order = sorted(
+            (s for s in self.servers if not s.needs_weights), key=lambda s: _weight(s.url, key), reverse=True
+        )
         return [s for s in order if s.healthy] + [s for s in order if not s.healthy]
 
     def pick(self, key: str, *, avoid: Collection[str] = ()) -> ServerState:
-        """The server for session ``key``, skipping URLs in ``avoid`` while others remain."""
+        """The server for session ``key``, skipping URLs in ``avoid`` while others remain.
+
+        Raises:
+            SamplerError: no server serves the current weights (each one's reason named).
+        """
         ranked = self.ranked(key)
         if not ranked:
             retired = "; ".join(f"{s.url}: {s.last_error}" for s in self.retired)
+            waiting = "; ".join(f"{s.url}: {s.last_error}" for s in self.servers if s.needs_weights)
+            if waiting:
+                raise SamplerError(
+                    f"no inference server serves the current weights: {waiting} (each gets the current "
+                    f"weights pushed once it passes a health check; retired: {retired or 'none'})"
+                )
             raise SamplerError(f"no inference server left in rotation (retired: {retired or 'none'})")
         for server in ranked:
             if server.url not in avoid:
@@ -125,6 +152,13 @@ class ServerPool:
         server.successes = 0
         server.last_error = reason
 
+    def mark_needs_weights(self, server: ServerState, reason: str) -> None:
+        """Route nothing to ``server`` until the current weights are pushed to it."""
+        if not server.needs_weights:
+            log.warning("inference server %s gets no traffic until it is re-pushed: %s", server.url, reason)
+        server.needs_weights = True
+        server.last_error = reason
+
     def retire(self, server: ServerState, reason: str) -> None:
         """Remove ``server`` for good: no routing, no health checks bring it back.
 
@@ -138,7 +172,11 @@ class ServerPool:
             self.retired.append(server)
 
     def record_check(self, server: ServerState, ok: bool, reason: str = "") -> None:
-        """Apply one health-check outcome with the configured thresholds."""
+        """Apply one health-check outcome with the configured thresholds.
+
+        With ``readmit`` set, a server coming back is flagged ``needs_weights`` (it may
+        have restarted with its launch weights): ``check`` readmits it.
+        """
         if ok:
             server.failures = 0
             if not server.healthy:
@@ -146,6 +184,9 @@ class ServerPool:
                 if server.successes >= self.healthy_after:
                     server.healthy = True
                     server.successes = 0
+                    if self.readmit is not None:
+                        server.needs_weights = True
+                        server.last_error = "back from unhealthy: it may have restarted with its launch weights"
                     log.info("inference server %s is healthy again", server.url)
             return
         server.successes = 0
@@ -171,6 +212,11 @@ class ServerPool:
         self.record_check(
             server, ok, "" if ok else f"health check answered HTTP {resp.status_code}"
         )
+        if ok and server.healthy and server.needs_weights and self.readmit is not None:
+            # Before any traffic: the pusher loads the current weights (or retires it).
+            if await self.readmit(server):
+                server.needs_weights = False
+                log.info("inference server %s serves the current weights again", server.url)
         return ok
 
     async def check_all(self, client: HTTPClient) -> None:
@@ -215,6 +261,7 @@ class ServerPool:
                 "healthy": s.healthy,
                 "failures": s.failures,
                 "requests": s.requests,
+                "needs_weights": s.needs_weights,
                 "last_error": s.last_error,
             }
             for s in self.servers

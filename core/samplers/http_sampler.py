@@ -22,6 +22,11 @@ Rules the base enforces:
   an explicit abort call where the engine has one (SGLang ``/abort_request``).
 - **The prompt is encoded before the first await** and never kept: the gateway
   appends to that buffer after ``sample`` returns.
+- **An answer from other weights is never returned.** A subclass that sees an
+  answer from weights other than the pushed ones (SGLang's launch version
+  ``"default"`` after a push) raises ``WrongWeights``: the server is taken out
+  of rotation until the current weights are pushed to it, and the request is
+  sent again on another server (the discarded answer was never recorded).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from core.http import ShardedClient
 from core.samplers.http_pool import ServerPool, ServerState
 from core.types import FinishReason, SampleResult, SamplingParams
 
-__all__ = ["HttpSampler", "HttpSamplerConfig", "affinity_key"]
+__all__ = ["HttpSampler", "HttpSamplerConfig", "WrongWeights", "affinity_key"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +158,10 @@ class HttpSamplerConfig:
                 raise ConfigError(f"{self.key_prefix}.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
+class WrongWeights(SamplerError):
+    """A server answered from weights other than the pushed ones (it was marked ``needs_weights``)."""
+
+
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
@@ -200,6 +209,9 @@ class HttpSampler:
             healthy_after=config.healthy_after,
         )
         self.weight_version = config.weight_version
+        self.pushed = False
+        """True once a ``WeightPusher`` loaded weights into the servers: from then on an
+        answer from launch weights is a mismatch, not the current version."""
         self._client: ShardedClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -218,7 +230,8 @@ class HttpSampler:
         raise NotImplementedError
 
     def _parse(self, server: ServerState, data: Any, params: SamplingParams, version: int) -> SampleResult:
-        """A ``SampleResult`` from the decoded JSON answer (``SamplerError`` if malformed).
+        """A ``SampleResult`` from the decoded JSON answer (``SamplerError`` if malformed,
+        ``WrongWeights`` from weights other than the pushed ones).
 
         ``version``: the sampler's ``weight_version`` when the request was sent, the
         answer's version when the engine reports none (a push while the request was in
@@ -301,18 +314,25 @@ class HttpSampler:
         headers = dict(self._base_headers)
         if self.config.affinity_header and self.affinity_header_name:
             headers[self.affinity_header_name] = key
-        resp, server = await self._post(path, content, headers, key, rid)
-        if not 200 <= resp.status_code < 300:
-            raise self._http_error(server, path, resp)
-        try:
-            data = json.loads(resp.content)
-        except ValueError as exc:
-            raise self.fail(
-                server,
-                f"answered POST {path} with malformed JSON ({exc}): {resp.text[:200]!r}",
-                "check that HttpSamplerConfig.urls points at the engine (or its router) and not at a proxy page",
-            ) from exc
-        return self._parse(server, data, params, version)
+        wrong: WrongWeights | None = None
+        for _ in range(max(1, len(self.pool.servers))):
+            resp, server = await self._post(path, content, headers, key, rid)
+            if not 200 <= resp.status_code < 300:
+                raise self._http_error(server, path, resp)
+            try:
+                data = json.loads(resp.content)
+            except ValueError as exc:
+                raise self.fail(
+                    server,
+                    f"answered POST {path} with malformed JSON ({exc}): {resp.text[:200]!r}",
+                    "check that HttpSamplerConfig.urls points at the engine (or its router) and not at a proxy page",
+                ) from exc
+            try:
+                return self._parse(server, data, params, version)
+            except WrongWeights as exc:  # the server is out of rotation now: send it elsewhere
+                wrong = exc
+        assert wrong is not None
+        raise wrong
 
     async def _post(
         self, path: str, content: bytes, headers: dict[str, str], key: str, rid: str
@@ -366,6 +386,15 @@ class HttpSampler:
             f"could not reach any {self.protocol} server after {attempts} attempts "
             f"({'; '.join(errors[-len(self.pool.servers) - 1 :])}); check the servers are running and "
             f"HttpSamplerConfig.urls={[s.url for s in self.pool.servers]!r} is right"
+        ))
+
+    def wrong_weights(self, server: ServerState, what: str) -> WrongWeights:
+        """Take ``server`` out of rotation until it is re-pushed; the error to raise."""
+        reason = f"{what} although weight version {self.weight_version} was pushed"
+        self.pool.mark_needs_weights(server, reason)
+        return WrongWeights(self.named(
+            f"{self.protocol} server {server.url}: {reason}: it serves other weights (restarted with its "
+            "launch weights?) and gets no traffic until the current weights are pushed to it"
         ))
 
     def _http_error(self, server: ServerState, path: str, resp: httpx.Response) -> SamplerError:

@@ -11,6 +11,14 @@ and reads ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
 per generated token), ``meta_info.finish_reason.type`` and, when present,
 ``meta_info.weight_version`` and ``meta_info.routed_experts``.
 
+Weight version: SGLang reports the version ``update_weights_from_disk`` gave
+it, as a string, and ``"default"`` for its launch weights. Before any push the
+answer's version is trusted (an integer) or replaced by the sampler's; after a
+push, a non-integer version (a server that restarted serves its launch
+weights) or one older than the version pushed is a mismatch: the answer is
+discarded and the server gets no traffic until it is re-pushed
+(``HttpSampler.wrong_weights``).
+
 Session affinity: ``X-SMG-Routing-Key`` (sgl-router's consistent-hashing
 policy). Cancel: ``POST /abort_request {"rid"}`` on the server that holds the
 request, sent in the background when the awaiting task is cancelled.
@@ -39,14 +47,14 @@ GENERATE_PATH = "/generate"
 ABORT_PATH = "/abort_request"
 
 
-def _weight_version(value: object, default: int) -> int:
-    # SGLang reports the version it was given by update_weights as a string ("default" before any).
+def _weight_version(value: object) -> int | None:
+    """The integer SGLang reports (as a string), None when it is not one (``"default"``)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             return int(value)
-    return default
+    return None
 
 
 class SGLangSampler(HttpSampler):
@@ -152,12 +160,16 @@ class SGLangSampler(HttpSampler):
                 f"unknown meta_info.finish_reason {reason!r}",
                 "expected type 'stop', 'length' or 'abort'",
             )
+        reported = meta.get("weight_version")
+        served = _weight_version(reported)
+        if self.pushed and reported is not None and (served is None or served < version):
+            raise self.wrong_weights(server, f"answered with meta_info.weight_version={reported!r}")
         routed = meta.get("routed_experts")
         return SampleResult(
             token_ids=ids,
             logprobs=logprobs,
             finish_reason=finish,
-            weight_version=_weight_version(meta.get("weight_version"), version),
+            weight_version=version if served is None else served,
             routed_experts=None
             if routed is None
             else {

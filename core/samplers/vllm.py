@@ -14,6 +14,11 @@ Session affinity: ``x-session-id`` (vllm-router's sticky header). Cancel:
 vLLM aborts a request whose client disconnects, which is what happens when
 the awaiting task is cancelled (httpx closes the connection).
 
+Prefix cache: every request carries ``cache_salt="tracerl-v<weight_version>"``
+(vLLM hashes it into the first KV block), so a turn labelled with a weight
+version never reuses KV blocks that requests of an older version computed,
+even where a cache reset after the push was refused or silently did nothing.
+
 Logprobs: vLLM reports raw-model logprobs unless started with
 ``--logprobs-mode processed_logprobs``; at temperature 1 without top-k/top-p
 the two agree (docs/samplers.md).
@@ -29,10 +34,15 @@ from core.samplers.http_pool import ServerState
 from core.samplers.http_sampler import HttpSampler, finish_reason_of
 from core.types import SampleResult, SamplingParams
 
-__all__ = ["VLLMSampler"]
+__all__ = ["VLLMSampler", "cache_salt"]
 
 GENERATE_PATH = "/inference/v1/generate"
 COMPLETIONS_PATH = "/v1/completions"
+
+
+def cache_salt(version: int) -> str:
+    """The prefix-cache salt of requests sampled at weight ``version``."""
+    return f"tracerl-v{version}"
 
 
 def _sampling(params: SamplingParams) -> dict[str, Any]:
@@ -64,16 +74,23 @@ class VLLMSampler(HttpSampler):
     ) -> tuple[str, dict[str, Any]]:
         sampling = _sampling(params)
         sampling.update(self.config.extra_sampling_params)
+        salt = cache_salt(self.weight_version)
         if self.config.vllm_endpoint == "completions":
             body: dict[str, Any] = {
                 "prompt": list(prompt),
                 "return_token_ids": True,
                 "request_id": rid,
+                "cache_salt": salt,
                 **sampling,
             }
             path = COMPLETIONS_PATH
         else:
-            body = {"request_id": rid, "token_ids": list(prompt), "sampling_params": sampling}
+            body = {
+                "request_id": rid,
+                "token_ids": list(prompt),
+                "sampling_params": sampling,
+                "cache_salt": salt,
+            }
             path = GENERATE_PATH
         if self.config.model:
             body["model"] = self.config.model

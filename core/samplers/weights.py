@@ -16,17 +16,29 @@ Face layout: ``config.json`` plus ``*.safetensors``) and calls
   "args": [{"model_config": {"model": "<dir>"}}]}`` points the workers at the
   directory, ``{"method": "reload_weights"}`` loads it in place, and
   ``POST /reset_prefix_cache`` drops KV blocks computed with the old weights.
-  vLLM reports no weight version, so the sampler's own ``weight_version`` is
-  set once every server acknowledged the reload.
+  vLLM refuses that reset while running requests hold blocks (HTTP 409 since
+  it checks; older builds answered 200 without resetting), so a refusal is
+  retried with ``?reset_running_requests=true`` (the running requests are
+  preempted and recomputed on the new weights), ``reset_attempts`` times in
+  all with a backoff; a server still refusing is retired. Every vLLM request
+  also carries ``cache_salt="tracerl-v<version>"`` (``VLLMSampler``), so even a
+  reset that silently did nothing cannot hand KV of old weights to a turn
+  labelled with the new version. vLLM reports no weight version, so the
+  sampler's own ``weight_version`` is set once every server acknowledged.
 
 A server that fails any of this (HTTP error, ``success: false``, a version
-other than the one pushed, not done within ``update_timeout_s``: all of that
-server's calls together) is taken out
-of rotation for good (``ServerPool.retire``): it would serve stale weights,
-and a health check must not bring it back. With none left the push raises
-``RunAborted`` naming every server's reason. The sampler's
-``weight_version`` moves only after every remaining server reports the new
-version, so the caller rebinds the gateway only then.
+other than the one pushed, a refused cache reset, not done within
+``update_timeout_s``: all of that server's calls together) is taken out of
+rotation for good (``ServerPool.retire``): it would serve stale weights, and
+a health check must not bring it back. A server that is down when a push
+starts (unhealthy, or refusing connections) is not retired: it is marked
+``needs_weights`` and gets no traffic until it is back. The pusher is the
+pool's ``readmit`` hook: a server coming back from unhealthy (it may have
+restarted with its launch weights) gets the last pushed weights before any
+traffic (SGLang: only when ``/get_weight_version`` says it lacks them). With
+no server left the push raises ``RunAborted`` naming every server's reason.
+The sampler's ``weight_version`` moves only after every server in rotation
+reports the new version, so the caller rebinds the gateway only then.
 """
 
 from __future__ import annotations
@@ -51,6 +63,8 @@ SGLANG_UPDATE_PATH = "/update_weights_from_disk"
 SGLANG_VERSION_PATH = "/get_weight_version"
 VLLM_RPC_PATH = "/collective_rpc"
 VLLM_RESET_CACHE_PATH = "/reset_prefix_cache"
+RESET_REFUSED = (409, 500, 503)
+"""Answers with which vLLM refuses a prefix-cache reset (409 since it checks; 500 on some builds)."""
 
 
 class _PushFailed(Exception):
@@ -69,17 +83,44 @@ class PushReport:
     """Servers taken out of rotation by this push, with the reason."""
     seconds: float = 0.0
     """Wall time of the push (all servers at once)."""
+    waiting: list[str] = field(default_factory=list)
+    """Servers down during the push: no traffic until they are back and re-pushed."""
+    readmitted: int = 0
+    """Servers re-pushed since the previous push, on coming back from unhealthy."""
 
 
 class WeightPusher:
     """Loads a weights directory into every server of an ``HttpSampler`` and checks the version."""
 
-    def __init__(self, sampler: HttpSampler, *, update_timeout_s: float = 600.0) -> None:
-        """Push through ``sampler``'s servers (its protocol, URLs and API key)."""
+    def __init__(
+        self,
+        sampler: HttpSampler,
+        *,
+        update_timeout_s: float = 600.0,
+        reset_attempts: int = 3,
+        reset_backoff_s: float = 0.5,
+    ) -> None:
+        """Push through ``sampler``'s servers (its protocol, URLs and API key); become its
+        pool's ``readmit`` hook.
+
+        Args:
+            sampler: The HTTP sampler whose servers get the weights.
+            update_timeout_s: Limit for one server's whole update.
+            reset_attempts: vLLM prefix-cache resets tried before the server is retired.
+            reset_backoff_s: Wait before the third and later reset attempts; doubles each time.
+        """
         self.sampler = sampler
         self.update_timeout_s = update_timeout_s
+        self.reset_attempts = max(1, reset_attempts)
+        self.reset_backoff_s = reset_backoff_s
         self.retired: dict[str, str] = {}
         """Every server retired so far, with the reason (kept for the abort message)."""
+        self.current: tuple[str, int] | None = None
+        """``(path, version)`` of the last push: what a server coming back gets."""
+        self.readmitted = 0
+        """Servers re-pushed on coming back, since the last ``push`` report."""
+        self._lock = asyncio.Lock()
+        sampler.pool.readmit = self.readmit
 
     @property
     def protocol(self) -> str:
@@ -91,34 +132,85 @@ class WeightPusher:
         Raises:
             RunAborted: no server is left after this push (each one's reason named).
         """
+        async with self._lock:
+            return await self._push_all(path, version)
+
+    async def _push_all(self, path: str, version: int) -> PushReport:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        servers = list(self.sampler.pool.servers)
+        pool = self.sampler.pool
+        report = PushReport(version=version, readmitted=self.readmitted)
+        self.readmitted = 0
+        servers = []
+        for server in list(pool.servers):
+            if server.healthy:
+                servers.append(server)
+            else:  # down: it gets these weights when it is back, before any traffic
+                pool.mark_needs_weights(server, f"down during the push of version {version}: {server.last_error}")
+                report.waiting.append(server.url)
         results = await asyncio.gather(
             *(self._push_one(s, path, version) for s in servers), return_exceptions=True
         )
-        report = PushReport(version=version)
         for server, result in zip(servers, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, _PushFailed | httpx.HTTPError):
-                    raise result
-                reason = str(result) or type(result).__name__
-                if isinstance(result, httpx.HTTPError):
-                    reason = f"{type(result).__name__}: {reason}"
-                self._retire(server, reason, version)
-                report.retired[server.url] = reason
-            else:
+            if result is None:
+                server.needs_weights = False
                 report.updated.append(server.url)
+                continue
+            if isinstance(result, httpx.ConnectError):
+                # Refused: the server is down (or restarting), not broken; re-pushed when back.
+                pool.mark_down(server, f"ConnectError: {result}")
+                pool.mark_needs_weights(server, f"unreachable during the push of version {version}: {result}")
+                report.waiting.append(server.url)
+                continue
+            if not isinstance(result, _PushFailed | httpx.HTTPError):
+                raise result
+            reason = str(result) or type(result).__name__
+            if isinstance(result, httpx.HTTPError):
+                reason = f"{type(result).__name__}: {reason}"
+            self._retire(server, reason, version)
+            report.retired[server.url] = reason
         report.seconds = loop.time() - t0
         if not report.updated:
+            waiting = "; ".join(f"{u}: down" for u in report.waiting)
             raise RunAborted(
                 f"no inference server is left: every {self.sampler.protocol} server in sampler.urls "
-                f"failed the weight update to version {version} "
-                f"({'; '.join(f'{u}: {r}' for u, r in self.retired.items())}). Check the servers' logs, "
-                "that each can read sampler.weights_dir and serves the trained model, or use sampler=backend"
+                f"failed the weight update to version {version} or was down "
+                f"({'; '.join([*(f'{u}: {r}' for u, r in self.retired.items()), *([waiting] if waiting else [])])}). "
+                "Check the servers' logs, that each can read sampler.weights_dir and serves the trained "
+                "model, or use sampler=backend"
             )
+        self.current = (path, version)
         self.sampler.weight_version = version
+        self.sampler.pushed = True
         return report
+
+    async def readmit(self, server: ServerState) -> bool:
+        """Make ``server``, back from unhealthy, serve the last pushed weights before any
+        traffic (``ServerPool.readmit``). True when it does; a server that fails the
+        update is retired, one that is unreachable again stays out for the next check."""
+        async with self._lock:
+            if server not in self.sampler.pool.servers:
+                return False  # retired meanwhile
+            if self.current is None:
+                return True  # nothing pushed yet: its launch weights are the run's weights
+            path, version = self.current
+            try:
+                if self.protocol == "sglang" and await self._sglang_version(server) == str(version):
+                    return True  # it was unreachable, not restarted: it still has the weights
+                await self._push_one(server, path, version)
+            except httpx.TransportError as exc:
+                self.sampler.pool.mark_down(server, f"{type(exc).__name__}: {exc}")
+                return False
+            except (_PushFailed, httpx.HTTPError) as exc:
+                self._retire(server, f"re-push on coming back failed: {exc}", version)
+                return False
+            self.readmitted += 1
+            print(
+                f"note: {self.sampler.protocol} server {server.url} came back and got weight version "
+                f"{version} before any traffic",
+                file=sys.stderr,
+            )
+            return True
 
     def _retire(self, server: ServerState, reason: str, version: int) -> None:
         self.retired[server.url] = reason
@@ -134,7 +226,11 @@ class WeightPusher:
         """One server's whole update; ``update_timeout_s`` bounds all its calls together
         (vLLM takes three), not each one."""
         client = self.sampler.client()
-        steps = self._sglang(client, server, path, version) if self.protocol == "sglang" else self._vllm(client, server, path)
+        steps = (
+            self._sglang(client, server, path, version)
+            if self.protocol == "sglang"
+            else self._vllm(client, server, path)
+        )
         try:
             await asyncio.wait_for(steps, self.update_timeout_s)
         except TimeoutError:
@@ -176,15 +272,19 @@ class WeightPusher:
         data = await self._post(client, server, SGLANG_UPDATE_PATH, body)
         if not isinstance(data, dict) or data.get("success") is not True:
             raise _PushFailed(f"POST {SGLANG_UPDATE_PATH} did not succeed: {str(data)[:300]!r}")
-        resp = await client.get(
-            server.url + SGLANG_VERSION_PATH, headers=self.sampler.base_headers, timeout=self.update_timeout_s
-        )
-        info = self._answer(resp, "GET", SGLANG_VERSION_PATH)
-        reported = info.get("weight_version") if isinstance(info, dict) else None
-        if str(reported) != str(version):
+        reported = await self._sglang_version(server)
+        if reported != str(version):
             raise _PushFailed(
                 f"GET {SGLANG_VERSION_PATH} reports weight_version={reported!r} after the update, not {str(version)!r}"
             )
+
+    async def _sglang_version(self, server: ServerState) -> str:
+        """What ``GET /get_weight_version`` says (``"default"``: its launch weights)."""
+        resp = await self.sampler.client().get(
+            server.url + SGLANG_VERSION_PATH, headers=self.sampler.base_headers, timeout=self.update_timeout_s
+        )
+        info = self._answer(resp, "GET", SGLANG_VERSION_PATH)
+        return str(info.get("weight_version") if isinstance(info, dict) else None)
 
     async def _vllm(self, client: Any, server: ServerState, path: str) -> None:
         await self._post(
@@ -194,4 +294,32 @@ class WeightPusher:
             {"method": "update_config", "args": [{"model_config": {"model": path}}]},
         )
         await self._post(client, server, VLLM_RPC_PATH, {"method": "reload_weights"})
-        await self._post(client, server, VLLM_RESET_CACHE_PATH, {})
+        await self._reset_prefix_cache(client, server)
+
+    async def _reset_prefix_cache(self, client: Any, server: ServerState) -> None:
+        """Drop the KV blocks computed with the old weights, or fail the server.
+
+        vLLM resets only when no running request holds blocks; it says so with HTTP
+        409 (500 on some builds). The first try leaves running requests alone; the
+        next ones preempt them (``reset_running_requests=true``: recomputed on the new
+        weights), with a backoff from the third try on.
+        """
+        refusals: list[str] = []
+        for attempt in range(self.reset_attempts):
+            if attempt >= 2 and self.reset_backoff_s:
+                await asyncio.sleep(self.reset_backoff_s * 2 ** (attempt - 2))
+            query = "" if attempt == 0 else "?reset_running_requests=true"
+            resp = await client.post(
+                server.url + VLLM_RESET_CACHE_PATH + query,
+                headers=self.sampler.base_headers,
+                timeout=self.update_timeout_s,
+            )
+            if resp.status_code < 300:
+                return
+            if resp.status_code not in RESET_REFUSED:
+                self._answer(resp, "POST", VLLM_RESET_CACHE_PATH)  # raises, naming the answer
+            refusals.append(f"HTTP {resp.status_code}{' (' + query[1:] + ')' if query else ''}")
+        raise _PushFailed(
+            f"POST {VLLM_RESET_CACHE_PATH} was refused {len(refusals)} times ({', '.join(refusals)}): "
+            "KV computed with the old weights would be reused under the new version"
+        )

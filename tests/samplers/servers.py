@@ -9,6 +9,16 @@
   we cannot reach in CI (no vLLM or SGLang install, no GPU), and it records
   every request so tests can check headers, request ids and aborts. Happy-path
   tests use the real local inference server (``tracerl_local.serve``) instead.
+
+  For the weight path it behaves as the engines do, as read in their sources:
+  vLLM's ``POST /collective_rpc`` (``update_config``, ``reload_weights``) and
+  ``POST /reset_prefix_cache``, which refuses with 409 while running requests
+  hold KV blocks unless ``?reset_running_requests=true`` preempts them (or, as
+  vLLM builds before that check did, answers 200 without resetting); SGLang's
+  ``POST /update_weights_from_disk`` and ``GET /get_weight_version``, and
+  ``meta_info.weight_version`` as a string, ``"default"`` for its launch
+  weights; and ``restart()``, after which it serves its launch weights again.
+  Each generate request records the weights it was served with.
 """
 
 from __future__ import annotations
@@ -118,7 +128,8 @@ class StandIn:
 
     name: str = "standin"
     mode: str = "ok"
-    """ok | http500 | malformed | no_logprobs | hang | abort_finish."""
+    """ok | http500 | malformed | no_logprobs | hang | hold | abort_finish. ``hold``: a
+    generate request runs (holding KV blocks) until ``release`` is set."""
     health_status: int = 200
     tokens: list[int] = field(default_factory=lambda: [5, 6, 7])
     weight_version: Any = None
@@ -127,6 +138,30 @@ class StandIn:
     aborted: list[str] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
     """Set when a generate request arrives (thread-safe: tests wait from another loop)."""
+    release: threading.Event = field(default_factory=threading.Event)
+    """Ends the requests ``hold`` keeps running."""
+    reset: str = "checked"
+    """How ``/reset_prefix_cache`` answers while requests run: ``checked`` (409 unless
+    ``reset_running_requests=true``, as vLLM does now), ``silent`` (200 without resetting,
+    as older vLLM did) or ``broken`` (409 always)."""
+    weights: str = "launch"
+    """What it serves: ``launch`` or the last directory loaded."""
+    running: int = 0
+    """Generate requests in progress (they hold KV blocks)."""
+    resets: list[str] = field(default_factory=list)
+    """Query of each prefix-cache reset that happened."""
+    preempted: int = 0
+    """Running requests preempted by ``reset_running_requests=true``."""
+    served_with: list[str] = field(default_factory=list)
+    """``weights`` each generate request was answered with."""
+    _reload_path: str = ""
+
+    def restart(self) -> None:
+        """What a restarted engine does: its launch weights, and version ``"default"``."""
+        self.weights = "launch"
+        self._reload_path = ""
+        if self.weight_version is not None:
+            self.weight_version = "default"
 
     def generate_hits(self) -> list[Hit]:
         return [
@@ -140,8 +175,15 @@ class StandIn:
             body = await request.json()
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
             self.started.set()
-            if self.mode == "hang":
-                await asyncio.sleep(5)  # longer than any test waits; ends on its own
+            self.running += 1
+            try:
+                if self.mode == "hang":
+                    await asyncio.sleep(5)  # longer than any test waits; ends on its own
+                while self.mode == "hold" and not self.release.is_set():
+                    await asyncio.sleep(0.01)
+            finally:
+                self.running -= 1
+            self.served_with.append(self.weights)
             if self.mode == "http500":
                 return JSONResponse(
                     {"error": {"message": "CUDA error: device-side assert"}}, status_code=500
@@ -179,11 +221,50 @@ class StandIn:
             self.hits.append(Hit(request.url.path, dict(request.headers), {}))
             return Response(status_code=self.health_status)
 
+        async def collective_rpc(request: Request) -> Response:
+            body = await request.json()
+            self.hits.append(Hit(request.url.path, dict(request.headers), body))
+            if body.get("method") == "update_config":
+                self._reload_path = body["args"][0]["model_config"]["model"]
+            elif body.get("method") == "reload_weights" and self._reload_path:
+                self.weights = self._reload_path
+            else:
+                return JSONResponse({"error": f"bad call {body!r}"}, status_code=400)
+            return JSONResponse({"results": [None]})
+
+        async def reset_prefix_cache(request: Request) -> Response:
+            query = request.url.query
+            self.hits.append(Hit(request.url.path, dict(request.headers), {"query": query}))
+            preempt = request.query_params.get("reset_running_requests") == "true"
+            if self.reset == "broken" or (self.running and not preempt):
+                if self.reset == "silent":
+                    return Response(status_code=200)  # older vLLM: the refusal was not reported
+                return JSONResponse({"detail": "Prefix cache reset failed."}, status_code=409)
+            if preempt:
+                self.preempted += self.running
+            self.resets.append(query)
+            return Response(status_code=200)
+
+        async def update_weights_from_disk(request: Request) -> Response:
+            body = await request.json()
+            self.hits.append(Hit(request.url.path, dict(request.headers), body))
+            self.weights = body["model_path"]
+            self.weight_version = body.get("weight_version")
+            return JSONResponse({"success": True, "message": "ok", "num_paused_requests": 0})
+
+        async def get_weight_version(request: Request) -> Response:
+            self.hits.append(Hit(request.url.path, dict(request.headers), {}))
+            return JSONResponse({"weight_version": self.weight_version})
+
         return Starlette(
             routes=[
                 Route("/generate", generate, methods=["POST"]),
                 Route("/inference/v1/generate", generate, methods=["POST"]),
                 Route("/abort_request", abort, methods=["POST"]),
                 Route("/health", health, methods=["GET"]),
+                Route("/collective_rpc", collective_rpc, methods=["POST"]),
+                Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+                Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
+                Route("/get_weight_version", get_weight_version, methods=["GET"]),
             ]
         )
