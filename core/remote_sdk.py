@@ -124,11 +124,12 @@ class SamplerSlot(Generic[ClientT]):
         with self._lock:
             return self._version
 
-    def rebind(self, client: ClientT) -> int:
-        """Serve ``client`` from now on; returns the new weight version."""
+    def rebind(self, client: ClientT, version: int | None = None) -> int:
+        """Serve ``client`` from now on; returns the new weight version: ``version`` when
+        given (the version a resumed checkpoint was saved at), else the previous one + 1."""
         with self._lock:
             self._client = client
-            self._version += 1
+            self._version = self._version + 1 if version is None else version
             return self._version
 
 

@@ -215,19 +215,50 @@ def test_in_flight_request_finishes_on_old_client(
 
 
 def test_save_and_resume_from_config(backend: TinkerBackend, service: FakeServiceClient) -> None:
+    """The weight version survives a resume (it restarted at 1, so a resumed run's turns and
+    traces reused the versions of other weights). The service is the Tinker SDK's stand-in
+    at the network edge (``tinker_fakes.py``)."""
+
     async def body() -> str:
-        await backend.forward_backward([_datum()], "ppo")
-        await backend.optim_step(AdamParams())
-        path = await backend.save_state("/runs/x/checkpoints/step 1")
+        for _ in range(3):
+            await backend.forward_backward([_datum()], "ppo")
+            await backend.optim_step(AdamParams())
+            await backend.sync_sampler()
+        path = await backend.save_state("/runs/x/checkpoints/step 3")
         await backend.aclose()
         return path
 
     path = asyncio.run(body())
-    assert path == "tinker://run-1/weights/checkpoints_step_1"
+    assert path == "tinker://run-1/weights/checkpoints_step_3-v3"
     resumed = TinkerBackend.from_config(_cfg(resume_from=path))
     assert service.log.creates[-1] == {"kind": "from_state", "path": path, "base_model": "Qwen/Qwen3-8B"}
-    assert service.training_clients[-1].steps == 1
-    asyncio.run(resumed.aclose())
+    assert service.training_clients[-1].steps == 3
+    assert resumed.weight_version == 3
+
+    async def sample_and_load() -> tuple[int, int]:
+        first = await resumed.sampler.sample([1, 2], SamplingParams(max_tokens=2), session_id="s")
+        fresh = TinkerBackend.from_config(_cfg())
+        await fresh.load_state(path)  # what the loop's resume calls
+        version = fresh.weight_version
+        await fresh.aclose()
+        await resumed.aclose()
+        return first.weight_version, version
+
+    assert asyncio.run(sample_and_load()) == (3, 3)
+
+
+def test_a_checkpoint_named_by_another_tool_resumes_at_the_next_version(
+    backend: TinkerBackend, service: FakeServiceClient
+) -> None:
+    service.states["tinker://run-1/weights/theirs"] = 2
+
+    async def body() -> int:
+        await backend.load_state("tinker://run-1/weights/theirs")
+        version = backend.weight_version
+        await backend.aclose()
+        return version
+
+    assert asyncio.run(body()) == 1
 
 
 def test_load_state_rejects_foreign_paths(backend: TinkerBackend) -> None:

@@ -138,15 +138,26 @@ def tinker_datum(datum: Datum, loss_fn: str) -> Any:
     )
 
 
-def _checkpoint_name(path: str) -> str:
-    """Tinker names checkpoints; derive a unique, safe name from the trainer's path.
+def _checkpoint_name(path: str, version: int) -> str:
+    """Tinker names checkpoints; derive a unique, safe name from the trainer's path and
+    the weight version it holds.
 
     The loop saves to ``.../checkpoints/step_000010/backend``, so the last two
     components are kept (``step_000010_backend``): a name reused within a run
-    would collide with the earlier checkpoint.
+    would collide with the earlier checkpoint. The name ends in ``-v<version>``
+    (``saved_version`` reads it back), so a resumed run serves the version it
+    saved instead of starting again at 1.
     """
+    suffix = f"-v{version}"
     parts = [p for p in path.replace("\\", "/").split("/") if p][-2:] or ["state"]
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(parts))[-100:]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(parts))[-(100 - len(suffix)) :] + suffix
+
+
+def saved_version(path: str) -> int | None:
+    """The weight version a ``tinker://`` checkpoint saved by ``save_state`` holds (its name's
+    ``-v<N>``); None for a checkpoint named otherwise (saved by another tool)."""
+    found = re.search(r"-v(\d+)$", path.rstrip("/"))
+    return int(found.group(1)) if found else None
 
 
 def _with_loss(metrics: dict[str, Any] | None, outputs: Any = None) -> dict[str, float]:
@@ -226,10 +237,11 @@ class TinkerBackend:
         base_model: str = "",
         lora: dict[str, Any] | None = None,
         weights_info: Callable[[str], Any] | None = None,
+        weight_version: int = 0,
     ) -> None:
         self._service = service
         self._training = training_client
-        self._slot: SamplerSlot[Any] = SamplerSlot(sampling_client)
+        self._slot: SamplerSlot[Any] = SamplerSlot(sampling_client, weight_version)
         self._tokenizer = tokenizer
         self._model_id = model_id
         self._timeout_s = timeout_s
@@ -240,6 +252,8 @@ class TinkerBackend:
         self._sampler = TinkerSampler(self._slot, tokenizer=tokenizer, timeout_s=timeout_s)
         self._failed = False
         self._closed = False
+        self._stepped = False
+        """An ``optim_step`` since the weights were last served: a checkpoint now holds the next version."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> TinkerBackend:
@@ -317,6 +331,7 @@ class TinkerBackend:
             base_model=resolved["base_model"],
             lora=lora,
             weights_info=weights_info,
+            weight_version=saved_version(str(resolved["resume_from"] or "")) or 0,
         )
 
     # -- TrainingBackend ------------------------------------------------------
@@ -328,7 +343,8 @@ class TinkerBackend:
 
     @property
     def weight_version(self) -> int:
-        """Bumped by every ``sync_sampler`` and ``load_state``."""
+        """Bumped by every ``sync_sampler``; a resumed checkpoint's own version after
+        ``load_state`` (or ``backend.resume_from``)."""
         return self._slot.version
 
     def get_tokenizer(self) -> Any:
@@ -378,6 +394,7 @@ class TinkerBackend:
             grad_clip_norm=params.grad_clip_norm,
         )
         out = await self._call(lambda: self._training.optim_step(adam), "tinker optim_step")
+        self._stepped = True
         return {str(k): float(v) for k, v in (out.metrics or {}).items()}
 
     async def sync_sampler(self) -> TinkerSampler:
@@ -387,18 +404,23 @@ class TinkerBackend:
             "tinker save_weights_and_get_sampling_client",
         )
         self._slot.rebind(client)
+        self._stepped = False
         return self._sampler
 
     async def save_state(self, path: str) -> str:
         """Save weights and optimizer in Tinker; returns the ``tinker://`` path to resume from."""
-        name = _checkpoint_name(path)
+        # The version these weights are (or would be) served at: one more after an
+        # optim_step that no sync_sampler has served yet.
+        name = _checkpoint_name(path, self.weight_version + int(self._stepped))
         out = await self._call(
             lambda: self._training.save_state(name, ttl_seconds=self._ttl), "tinker save_state"
         )
         return str(out.path)
 
     async def load_state(self, path: str) -> None:
-        """Continue from a ``tinker://`` state (weights and optimizer) and sample from it."""
+        """Continue from a ``tinker://`` state (weights and optimizer) and sample from it, at
+        the weight version it was saved at (the previous version + 1 for a checkpoint
+        ``save_state`` did not name)."""
         if not str(path).startswith("tinker://"):
             raise ConfigError(
                 f"Tinker can only load tinker:// paths returned by save_state, got {path!r}"
@@ -425,7 +447,12 @@ class TinkerBackend:
             if isinstance(exc, TimeoutError):
                 raise TrainingError(f"{what} timed out after {self._timeout_s:.0f}s") from exc
             raise TrainingError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-        await self.sync_sampler()
+        client = await self._call(
+            self._training.save_weights_and_get_sampling_client,
+            "tinker save_weights_and_get_sampling_client",
+        )
+        self._slot.rebind(client, saved_version(str(path)))
+        self._stepped = False
 
     async def aclose(self) -> None:
         """End the Tinker session (``errored`` if a primitive failed); idempotent."""
