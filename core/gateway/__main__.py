@@ -9,6 +9,9 @@ traces over the admin routes, e.g.::
     python -m core.gateway --sampler sglang --server-url http://127.0.0.1:30000   # an inference fleet
     curl -XPOST -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions
     curl -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions/$SID/trace
+
+``python -m core.gateway certify MODEL`` certifies a model's chat template instead
+(``core.gateway.certify.cli``).
 """
 
 from __future__ import annotations
@@ -115,6 +118,11 @@ async def _serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["certify"]:
+        from core.gateway.certify.cli import main as certify_main
+
+        return certify_main(argv[1:])
     args = _parser().parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))

@@ -32,6 +32,10 @@ class GatewayConfig:
     would drop past reasoning from history or close the turn with another token: one
     row per session, but prompts the template itself never produces. Off: such turns start a new row from the template's
     rendering (see docs/gateway.md, Model families)."""
+    allow_uncertified_template: bool = False
+    """Train even when the chat template does not certify (``python -m core.gateway certify``:
+    a recorded trace would differ from what the template renders). Off: ``python -m
+    core.train`` refuses such a template at start, naming the failing case."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for ``apply_chat_template`` (e.g. ``enable_thinking: false``)."""
     max_body_bytes: int = 8_000_000

@@ -412,7 +412,9 @@ class Gateway:
             emitted_closer=reply.closer,
             ill_formed=reply.ill_formed,
             choice_violated=reply.choice_violated,
-            reasoning=bool(reply.reasoning),
+            # A block the generation prompt opened is reasoning even when empty: templates that
+            # open it (DeepSeek R1) leave it out of history, so the next turn must not extend it.
+            reasoning=bool(reply.reasoning) or settings.opened_think,
             segments=result.segments,
         )
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}

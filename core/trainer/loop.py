@@ -53,7 +53,7 @@ from core.rundir.report import write_report
 from core.rundir.traces import TraceWriter
 from core.trainer.config import ASYNC_TIS_CAP, load_train_config
 from core.trainer.fleet import Fleet, build_fleet
-from core.trainer.guards import check_canary, check_failures, check_fresh_run_dir
+from core.trainer.guards import check_canary, check_certificate, check_failures, check_fresh_run_dir
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
 from core.trainer.pool import PoolResume, PoolSize, RolloutPool, mask_stale_turns
 from core.trainer.signal import StepSignal, build_signal
@@ -116,6 +116,7 @@ class Trainer:
             config=self.cfg.gateway,
             model_id=self.backend.model_id(),
         )
+        await self._certify_template()
         stack = await start_rollout_stack(
             self.composed, self.gateway, model_id=self.backend.model_id(), plugins=self.plugins
         )
@@ -130,6 +131,19 @@ class Trainer:
         self._closers.append(self._close_metrics)
         self.console = "console" in loggers
         self.traces = TraceWriter(self.run_dir, self.t.save_traces, self.gateway.renderer.decode, self.t.keep_traces)
+
+    async def _certify_template(self) -> None:
+        """Certify the model's chat template (cached by its hash); refuse one whose traces would
+        not be exact unless ``gateway.allow_uncertified_template`` (``check_certificate``)."""
+        from core.gateway.certify import cached_certificate
+
+        cert, _ = await cached_certificate(
+            self.gateway.renderer.tokenizer, config=self.cfg.gateway, end_of_turn_ids=self.gateway.end_of_turn_ids
+        )
+        (self.run_dir / "template_certificate.json").write_text(cert.to_json(), encoding="utf-8")
+        line = check_certificate(cert, allow=self.cfg.gateway.allow_uncertified_template)
+        if line is not None:
+            print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
 
     @property
     def tis_cap(self) -> float:
