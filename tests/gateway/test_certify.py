@@ -104,6 +104,7 @@ def test_a_dropped_tool_call_id_fails_naming_the_first_differing_token() -> None
 
 EXPECTED = {
     "qwen2.5": ("holds", set()),
+    "qwen3-coder": ("holds", set()),
     "llama3.1": ("holds", set()),
     "deepseek-v3": ("holds", set()),
     "qwen3": ("forks", set()),

