@@ -9,17 +9,57 @@
   one family. Measured here at 256 concurrent requests: 0.21-0.24 ms of
   client CPU per request against 0.78-0.85 ms for ``ShardedClient``; the
   local runtime uses it because the trainer's event loop pays that per rollout.
+- ``check_key_endpoint``: refuses a configured endpoint that an API key would
+  reach in clear text (plain http to a host that is not loopback).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json as _json
 import math
 from dataclasses import dataclass
 from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 import httpx
+
+from core.errors import ConfigError
+
+
+def check_key_endpoint(endpoint: str, *, setting: str, key_env: str, has_key: bool, allow_plain_http: bool) -> None:
+    """Refuse to send a key where it travels in clear text: an endpoint that gets a key
+    must be https, or plain http on loopback, unless ``allow_plain_http`` says otherwise.
+
+    Args:
+        endpoint: The configured base URL.
+        setting: The config section that holds it (``reward``, ``eval``): the message
+            names ``<setting>.endpoint`` and ``<setting>.allow_plain_http``.
+        key_env: The environment variable the key comes from (named in the message).
+        has_key: Whether a key would be sent (without one there is nothing to leak).
+        allow_plain_http: The user's opt-in to plain http on another host.
+
+    Raises:
+        ConfigError: ``endpoint`` is not an http(s) URL, or is plain http to a host
+            that is not loopback while a key would be sent and nothing allows it.
+    """
+    url = urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"{setting}.endpoint={endpoint!r} must be an http(s) URL such as https://api.openai.com/v1")
+    if url.scheme == "https" or not has_key or allow_plain_http:
+        return
+    host = url.hostname
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"{setting}.endpoint={endpoint!r} is plain http to {host!r}, not loopback: the key in "
+            f"${key_env} would cross the network in clear text. Use an https endpoint, or set "
+            f"{setting}.allow_plain_http=true to send the key anyway (a trusted private network)"
+        )
 
 
 class ShardedClient:

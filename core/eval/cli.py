@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from core.errors import ConfigError
 from core.eval.results import summarize, write_rows
 from core.eval.run import EndpointRunner, run_eval
+from core.http import check_key_endpoint
 from core.types import SamplingParams
 
 __all__ = ["evaluate_config", "format_summary", "print_summary", "resolve_checkpoint"]
@@ -76,6 +77,10 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
         raise ConfigError(f"eval.concurrency={ev.concurrency} must be >= 1")
     if ev.endpoint and ev.checkpoint:
         raise ConfigError("set eval.endpoint or eval.checkpoint, not both (an endpoint serves its own model)")
+    if ev.endpoint:  # before anything is written or started
+        check_key_endpoint(str(ev.endpoint), setting="eval", key_env=str(ev.api_key_env),
+                           has_key=bool(os.environ.get(str(ev.api_key_env))),
+                           allow_plain_http=bool(ev.get("allow_plain_http", False)))
     out = Path(str(ev.output_dir or cfg.run_dir))
     out.mkdir(parents=True, exist_ok=True)
     payloads = _load_eval_set(cfg, out)

@@ -22,6 +22,9 @@ class EvalConfig:
     """Model name the agent sends to ``endpoint`` (required with it)."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the API key sent to ``endpoint`` (unset: ``EMPTY``)."""
+    allow_plain_http: bool = False
+    """Send the key to a plain-http ``endpoint`` that is not loopback (in clear text); by
+    default a key goes only over https or to loopback."""
     data: str = ""
     """Eval set (JSONL or Parquet with a ``payload`` field); empty: ``task.eval_path``, or
     the one the task's generator writes."""

@@ -69,6 +69,9 @@ METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 copy for the session's life, outside the token budget (60 requests with 4 MB each took the
 gateway from 94 to 337 MB; the bound was about 8 GB per session). Within them a session's
 stored metadata is at most ``max_turns_per_session`` x 9 KB."""
+USER_CHARS = METADATA_VALUE_CHARS
+"""Longest ``user`` string: stored with each response like ``metadata`` (and echoed), so
+bounded as one metadata value is; before, only the body size bounded it."""
 _LOGPROBS = "message.output_text.logprobs"
 _INCLUDE_OK = frozenset({"reasoning.encrypted_content", _LOGPROBS})
 """``include`` values honoured: reasoning items always carry their text in ``content``;
@@ -276,6 +279,12 @@ def parse_responses_request(
             f"{max(len(v) for v in metadata.values())} characters",
         )
     user = _str_or_none(body, "user")
+    if user is not None and len(user) > USER_CHARS:
+        raise _refuse(
+            "user",
+            f"holds at most {USER_CHARS} characters (stored responses keep it for the session's life, "
+            f"as they keep metadata), got {len(user)}; send a short stable id for the end user",
+        )
     echo = {
         "instructions": instructions,
         "max_output_tokens": req.max_tokens,

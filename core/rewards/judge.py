@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import json
 import math
 import os
@@ -37,9 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from core.errors import ConfigError
+from core.http import check_key_endpoint
 from core.rewards.base import RewardConfig, RewardInput, RewardOutput, transcript
 
 __all__ = ["JudgeError", "JudgeReward", "JudgeRewardConfig"]
@@ -102,27 +101,6 @@ def neutralise(text: str) -> str:
     return _TAG_LIKE.sub(lambda m: "&lt;" + m.group(1) + m.group(2), text)
 
 
-def _check_endpoint(endpoint: str, key_env: str, has_key: bool, allow_plain_http: bool) -> None:
-    """Refuse to send a key where it travels in clear text: a judge endpoint must be https,
-    or plain http on loopback, unless ``reward.allow_plain_http`` says otherwise."""
-    url = urlsplit(endpoint)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"reward.endpoint={endpoint!r} must be an http(s) URL such as https://api.openai.com/v1")
-    if url.scheme == "https" or not has_key or allow_plain_http:
-        return
-    host = url.hostname
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
-        raise ConfigError(
-            f"reward.endpoint={endpoint!r} is plain http to {host!r}, not loopback: the judge's key "
-            f"(${key_env}) would cross the network in clear text. Use an https endpoint, or set "
-            "reward.allow_plain_http=true to send the key anyway (a trusted private network)"
-        )
-
-
 class JudgeError(Exception):
     """A judge reply that cannot be used (retried, then reported as ``judge_error``)."""
 
@@ -145,8 +123,8 @@ class JudgeReward:
         self.cfg = config
         self.url = str(config.endpoint).rstrip("/") + "/chat/completions"
         self.api_key = os.environ.get(str(config.api_key_env), "") or "EMPTY"
-        _check_endpoint(str(config.endpoint), str(config.api_key_env), self.api_key != "EMPTY",
-                        bool(getattr(config, "allow_plain_http", False)))
+        check_key_endpoint(str(config.endpoint), setting="reward", key_env=str(config.api_key_env),
+                           has_key=self.api_key != "EMPTY", allow_plain_http=bool(getattr(config, "allow_plain_http", False)))
         self._sem = asyncio.Semaphore(int(config.concurrency))
         self.cache_size = size
         self._cache: OrderedDict[str, dict[str, float]] = OrderedDict()

@@ -151,3 +151,30 @@ def test_response_metadata_is_bounded_per_stored_response(harness: Harness) -> N
     most = {f"{i:064d}": "v" * 512 for i in range(16)}
     done = client.responses.create(model="tiny", input="hi", metadata=most)
     assert done.metadata == most and len(h.gw.session(sid).responses) == 1
+
+
+def test_response_user_is_bounded_per_stored_response(harness: Harness) -> None:
+    """Every stored response keeps the request's ``user`` string too, bounded only by the
+    body size (8 MB) before (issue #29): it is bounded as one metadata value is (512
+    characters), a longer one a 400 naming ``user`` that keeps nothing."""
+    h = harness
+    h.sampler.default = h.reply("ok")
+    sid = h.session()
+    client = h.openai(sid)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(60):
+            with pytest.raises(openai.BadRequestError) as exc:
+                client.responses.create(model="tiny", input="hi", user="u" * 4_000_000)
+            assert exc.value.body["param"] == "user"  # type: ignore[index]
+            assert "at most 512 characters" in str(exc.value) and "got 4000000" in str(exc.value)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert h.gw.session(sid).responses == {}
+    assert held < 20_000_000, held  # not 60 x 4 MB
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny", input="hi", user="u" * 513)
+    done = client.responses.create(model="tiny", input="hi", user="u" * 512)
+    assert done.user == "u" * 512 and len(h.gw.session(sid).responses) == 1
