@@ -16,6 +16,8 @@ import torch
 from local_helpers import chat_prompt, make_datum, run
 from tracerl_local.backend import LocalBackend
 from tracerl_local.chunked import check_split, split_head
+from tracerl_local.config import LocalBackendConfig
+from tracerl_local.learning_rate import learning_rate_advice
 from tracerl_local.losses import parse_loss_config
 from tracerl_local.model import enable_checkpointing, model_forward
 from tracerl_local.training import TrainShape, micro_batches, trainer_logprobs_and_entropy
@@ -38,6 +40,16 @@ def _datums(backend: LocalBackend, n: int = 3) -> list[Datum]:
         return out
 
     return run(go())
+
+
+@pytest.fixture
+def saved_model_dir(tmp_path: Any) -> Any:
+    """The tiny preset written as a Hugging Face model directory (a "real" model to the backend)."""
+    source = LocalBackend(LocalBackendConfig(), seed=0)
+    source.model.save_pretrained(tmp_path / "model")
+    source.get_tokenizer().save_pretrained(tmp_path / "model")
+    run(source.aclose())
+    return tmp_path / "model"
 
 
 def _grads(backend: LocalBackend) -> dict[str, torch.Tensor]:
@@ -188,3 +200,27 @@ def test_bf16_setting_runs_the_chunked_path_on_cpu(make_backend: Any) -> None:
     assert chunked.dtype == torch.float32
     assert torch.allclose(full, chunked, atol=2e-2)
     assert out.metrics["logprob_diff/max"] < 0.1  # bf16 rounding, sampler vs trainer
+
+
+def test_a_real_model_with_the_tiny_learning_rate_is_warned_about(
+    saved_model_dir: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Full fine-tuning at the tiny model's 1e-3 names the mode's starting rate; tiny and 1e-6 say nothing."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    def build(model: str, rate: float) -> list[str]:
+        caplog.clear()
+        cfg = OmegaConf.create({"backend": {"model": model}, "algorithm": {"learning_rate": rate}, "seed": 0})
+        with caplog.at_level(logging.WARNING, logger="tracerl_local.learning_rate"):
+            backend = LocalBackend.from_config(cfg)
+        run(backend.aclose())
+        return [r.getMessage() for r in caplog.records]
+
+    (message,) = build(str(saved_model_dir), 1e-3)
+    assert "algorithm.learning_rate=0.001" in message and "algorithm.learning_rate=1e-06" in message
+    assert build(str(saved_model_dir), 1e-6) == []
+    assert build("tiny", 1e-3) == []
+    assert learning_rate_advice("some/model", lora=True, learning_rate=1e-3) is not None
+    assert learning_rate_advice("some/model", lora=True, learning_rate=5e-5) is None

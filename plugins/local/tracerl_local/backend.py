@@ -24,6 +24,7 @@ from core.interfaces import LossName
 from core.types import AdamParams, Datum, ForwardBackwardResult
 from tracerl_local.chunked import check_split, split_head
 from tracerl_local.config import LocalBackendConfig
+from tracerl_local.learning_rate import warn_about_learning_rate
 from tracerl_local.losses import parse_loss_config
 from tracerl_local.model import cache_argument, enable_checkpointing, load_model, model_forward
 from tracerl_local.sampler import LocalSampler
@@ -154,10 +155,16 @@ class LocalBackend:
 
         ``node`` replaces ``cfg.backend`` (a wrapping plugin passes its own node);
         only ``LocalBackendConfig`` fields are read from it, extra fields are ignored.
+        Warns when ``algorithm.learning_rate`` is far above the usual range for a
+        real model (``tracerl_local.learning_rate``).
         """
         task = cfg.get("task") or {}
+        config = _to_backend_config(cfg.backend if node is None else node)
+        rate = (cfg.get("algorithm") or {}).get("learning_rate")
+        if rate is not None:
+            warn_about_learning_rate(config.model, config.lora.enabled, float(rate))
         return cls(
-            _to_backend_config(cfg.backend if node is None else node),
+            config,
             seed=int(cfg.get("seed", 0) or 0),
             tokenizer_corpus=_task_texts(task, "tokenizer_corpus"),
             tokenizer_vocab_size=int(task.get("tokenizer_vocab_size", 0) or 0),
