@@ -15,7 +15,8 @@ runs kept in ``benchmarks/results/*.json`` are what docs/performance.md shows;
 ``--write-page`` regenerates that page's generated part from them (no measuring),
 and tests/meta/test_figures.py checks the committed page is what it writes. The
 expensive ones (``seeds``: ten 400-step runs; ``test_suite``: the whole
-``python -m pytest``) run only when asked by name with ``--only``. Figures are
+``python -m pytest``; ``train_memory``: steps peaking near 10 GB) run only when
+asked by name with ``--only``. Figures are
 wall-clock and CPU times, so they depend on the machine and on what else runs
 on it: the header prints the CPU, the cores this process may use, memory and
 the load average before and after, and docs/performance.md shows them beside
@@ -264,6 +265,13 @@ def local_sampler(out: Path) -> dict[str, Any]:
     return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
 
 
+def train_memory(out: Path) -> dict[str, Any]:
+    """benchmarks/train_memory.py: peak memory of one local training step (151,936-token vocabulary,
+    tiny body), whole-micro-batch logits (chunk 0) against logits made ``chunk`` tokens at a time."""
+    code, wall, rows = _benchmark_json(["benchmarks/train_memory.py"], out, "train_memory")
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
 def traces(out: Path) -> dict[str, Any]:
     """benchmarks/traces.py: trace size and write time of a toy step; a large step's encoding
     CPU and how long it stalls the event loop, written on it or from the worker thread."""
@@ -345,6 +353,10 @@ FIGURES = [
     ),
     Figure("local_sampler", "python benchmarks/local_sampler.py", ["docs/backends/local.md"], "30 s", local_sampler),
     Figure("traces", "python benchmarks/traces.py", ["docs/viewer.md"], "30-60 s", traces),
+    Figure(
+        "train_memory", "python benchmarks/train_memory.py", ["docs/backends/local.md", "docs/real_models.md"],
+        "10-20 min", train_memory, expensive=True,
+    ),
     Figure(
         "stored_response_memory", "python -m pytest -s tests/gateway/test_session_memory.py -k fraction_of_the_dicts",
         ["docs/gateway.md"], "15 s", stored_response_memory,
