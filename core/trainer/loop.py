@@ -55,6 +55,7 @@ from core.trainer.config import ASYNC_TIS_CAP, load_train_config
 from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.guards import check_canary, check_certificate, check_failures, check_fresh_run_dir
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
+from core.trainer.overrides import loss_sampling, mask_override_turns
 from core.trainer.pool import PoolResume, PoolSize, RolloutPool, mask_stale_turns
 from core.trainer.signal import StepSignal, build_signal
 from core.trainer.source import (
@@ -84,6 +85,8 @@ class Trainer:
         self.run_dir = Path(self.cfg.run_dir)
         self.t = self.cfg.trainer
         self.algo = self.cfg.algorithm
+        self.loss_sampling = loss_sampling(self.algo)
+        """What the loss assumes turns were sampled with; sessions sample with its top-p/top-k."""
         self.step = 0
         self._last_batch: list[int] = []
         self._closers: list[Closer] = []
@@ -186,7 +189,13 @@ class Trainer:
         """Session sampling settings; seeded from ``seed``, the step and ``stream`` so a
         run (and a resumed run) samples the same tokens every time."""
         seed = (self.cfg.seed * 1_000_003 + self.step * 65_537 + stream) % (2**62)
-        return SamplingParams(max_tokens=self.algo.max_tokens, temperature=float(temperature), seed=seed)
+        return SamplingParams(
+            max_tokens=self.algo.max_tokens,
+            temperature=float(temperature),
+            top_p=self.loss_sampling.top_p,
+            top_k=self.loss_sampling.top_k,
+            seed=seed,
+        )
 
     # -- guards ---------------------------------------------------------------
 
@@ -315,6 +324,8 @@ class Trainer:
         return SamplingParams(
             max_tokens=self.algo.max_tokens,
             temperature=self.algo.temperature,
+            top_p=self.loss_sampling.top_p,
+            top_k=self.loss_sampling.top_k,
             seed=(base + 7_919 * index * group) % (2**63),
         )
 
@@ -355,10 +366,14 @@ class Trainer:
         flow["time/reward"] = time.perf_counter() - t0
         version = int(self.backend.weight_version)  # the weights these outcomes train
         statuses = self._check_failures(outcomes + untrained)
-        trainable = outcomes
+        # A turn an agent sampled at its own temperature/top-p/top-k (sampling overrides)
+        # is context, never trained as if drawn from the distribution the loss scores.
+        trainable, flow["turns/masked_overrides"], flow["tokens/masked_overrides"] = mask_override_turns(
+            outcomes, self.loss_sampling
+        )
         if self.t.mode == "async" and self.t.max_staleness_per_token >= 0:
             trainable, flow["async/masked_stale_tokens"] = mask_stale_turns(
-                outcomes, version, self.t.max_staleness_per_token
+                trainable, version, self.t.max_staleness_per_token
             )
         signal = self._signal(trainable)
         train_metrics = await self._update(signal, times)

@@ -92,3 +92,17 @@ async def long_tail_solve(payload: dict[str, Any]) -> dict[str, Any]:
         while not Path(payload["wait_for"]).exists() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
     return {"reward": random.random()}
+
+
+overriding = AgentApp()
+
+
+@overriding.entrypoint
+async def override_temperature(payload: dict[str, Any]) -> dict[str, Any]:
+    """succ_digit, except that rows with an odd ``n`` ask the gateway for temperature 0.5
+    (a sampling override, which a session allowing overrides applies)."""
+    if int(payload["n"]) % 2:
+        config = dict(payload["_config"])
+        config["sampling_params"] = {**(config.get("sampling_params") or {}), "temperature": 0.5}
+        payload = {**payload, "_config": config}
+    return await solve(payload)

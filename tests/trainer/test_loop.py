@@ -308,6 +308,29 @@ def test_a_loss_that_needs_no_advantage_still_trains_a_step_without_them(
     assert records[0]["train/skipped"] == 0.0
 
 
+@pytest.mark.integration
+def test_turns_sampled_with_an_override_are_context_not_trained(tmp_path: Path) -> None:
+    """An agent allowed to override sampling asks for temperature 0.5 on odd rows while the
+    loss scores at 1.0: those turns get loss weight 0 and are counted, never trained as if
+    on-policy; their rollouts still count in their groups."""
+    cfg, plugins = _cfg(
+        tmp_path, "trainer.max_steps=3", "gateway.allow_sampling_overrides=true",
+        "trainer.eval_every=0", "task.eval_path=''", agent="loop_agents:overriding",
+    )
+    CREATED.clear()
+    trainer = _train(cfg, plugins)
+    records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert sum(r["turns/masked_overrides"] for r in records) > 0
+    for r in records:
+        assert r["tokens/masked_overrides"] == 2 * r["turns/masked_overrides"]  # a digit + EOS each
+        assert r["rollouts/ok"] == 8 and r["turns/total"] == 8
+    trained_records = [r for r in records if r["train/skipped"] == 0.0]
+    assert len(trained_records) == len(CREATED[-1].datums_seen)
+    for r, datums in zip(trained_records, CREATED[-1].datums_seen, strict=True):
+        # one row per rollout; an overridden row has nothing left to train and sends no datum
+        assert len(datums) == 8 - r["turns/masked_overrides"]
+
+
 def test_importance_sampling_with_ppo_clip_settings_fails_at_config_time(tmp_path: Path) -> None:
     cfg, plugins = _cfg(tmp_path, "algorithm.loss=importance_sampling")
     Trainer(cfg, plugins)  # the default loss_config suits every loss
