@@ -8,6 +8,7 @@ Defines:
 - ``Segment``: a stretch of one turn's tokens sampled under one weight version (a turn
   interrupted by a weight update has several).
 - ``check_segments``: the rule segments follow.
+- ``ParseStatus``: what the gateway's tool-call parser made of one generated turn.
 - ``TurnSpan``: where one generated turn sits inside a ``TraceRecord`` row.
 - ``TraceRecord``: one training row captured by the gateway for a session.
 - ``RolloutRequest`` / ``RolloutResult``: what the trainer hands a runtime and gets back.
@@ -37,6 +38,7 @@ __all__ = [
     "ForwardBackwardResult",
     "Logprobs",
     "Metrics",
+    "ParseStatus",
     "RolloutRequest",
     "RolloutResult",
     "RolloutStatus",
@@ -63,6 +65,46 @@ class FinishReason(StrEnum):
     """``max_tokens`` (or the context budget) was reached."""
     ABORT = "abort"
     """The request was cancelled (client gone, weights swapped under it, shutdown)."""
+
+
+class ParseStatus(StrEnum):
+    """What the gateway's tool-call parser made of one generated turn (``core.gateway.reply``).
+
+    The four failures are a turn whose text tried to call a tool and did not yield a call
+    the client could run; ``gateway/tool_parse_failed`` is their share of the turns with
+    tools offered. Checked in this order: a failed parse first, then the calls' names,
+    then their strict schemas.
+    """
+
+    NO_TOOLS = "no_tools"
+    """The request offered no tools, so the text was not parsed for calls."""
+    TEXT = "text"
+    """Tools were offered; the text held no tool-call markup and is plain content."""
+    CALLS = "calls"
+    """Tools were offered; the text parsed to one or more calls, each naming an offered
+    tool and, for a strict tool, fitting its schema."""
+    UNKNOWN_TOOL = "unknown_tool"
+    """A parsed call names a tool the request did not offer."""
+    BAD_JSON = "bad_json"
+    """A call's JSON (the call object or its arguments) does not decode, or decodes to
+    something other than an object."""
+    SCHEMA_MISMATCH = "schema_mismatch"
+    """A call to a tool sent with ``strict: true`` has arguments that break its schema
+    (``core.gateway.strict``)."""
+    MARKUP_NO_CALL = "markup_no_call"
+    """The text holds tool-call markup (the parser's, or a marker the chat template
+    writes) but no well-formed call: unterminated or stray tags, text between calls,
+    a call without a name, or markup the configured parser does not read."""
+
+    @property
+    def tools_offered(self) -> bool:
+        """The turn's request offered tools."""
+        return self is not ParseStatus.NO_TOOLS
+
+    @property
+    def failed(self) -> bool:
+        """The text tried to call a tool and yielded no call the client could run."""
+        return self not in (ParseStatus.NO_TOOLS, ParseStatus.TEXT, ParseStatus.CALLS)
 
 
 class RolloutStatus(StrEnum):
@@ -223,6 +265,12 @@ class TurnSpan:
     segments: tuple[Segment, ...] = ()
     """Row positions generated under each weight version, when a weight update
     interrupted the turn (see ``Segment``); empty: all under ``weight_version``."""
+    parse: ParseStatus | None = None
+    """What the tool-call parser made of the turn; None in traces written before the
+    gateway recorded it, and in rows built outside the gateway."""
+    parse_detail: str = ""
+    """Why a failed parse failed (the parser's message, the unknown names, the tools whose
+    strict schema the arguments break); '' otherwise."""
 
     def version_segments(self) -> tuple[Segment, ...]:
         """The turn's segments; one covering the turn when it was never interrupted."""

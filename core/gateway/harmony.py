@@ -102,8 +102,8 @@ def parse_harmony(text: str) -> ParsedOutput:
         try:
             args = safejson.loads(m.body)
         except ValueError as exc:
-            return ParsedOutput(content=text, ill_formed=True, error=f"tool call arguments are not JSON: {exc}")
+            return ParsedOutput(content=text, ill_formed=True, error=f"tool call arguments are not JSON: {exc}", bad_json=True)
         if not isinstance(args, dict):
-            return ParsedOutput(content=text, ill_formed=True, error="tool call arguments are not an object")
+            return ParsedOutput(content=text, ill_formed=True, error="tool call arguments are not an object", bad_json=True)
         calls.append((m.recipient[len("functions.") :], args))
     return ParsedOutput(content="".join(content), tool_calls=calls)

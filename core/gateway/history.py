@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.gateway.messages import Unit, raws_of
-from core.types import FinishReason, Segment, TraceRecord, TurnSpan
+from core.types import FinishReason, ParseStatus, Segment, TraceRecord, TurnSpan
 
 __all__ = ["Matched", "Node", "Turn", "build_rows", "match_path", "release", "reserve_prompt"]
 
@@ -60,6 +60,10 @@ class Turn:
     """The turn did not follow its request's ``tool_choice`` (``core.gateway.toolchoice``)."""
     reasoning: bool = False
     """Reasoning was split off the turn's text (``reasoning_content`` of its message)."""
+    parse: ParseStatus = ParseStatus.NO_TOOLS
+    """What the tool-call parser made of the turn (``core.gateway.reply.parse_status``)."""
+    parse_detail: str = ""
+    """Why a failed parse failed; '' otherwise."""
     extended: bool = False
     """A child already appends to ``buf`` in place; further children copy."""
     segments: tuple[Segment, ...] = ()
@@ -209,7 +213,9 @@ def build_rows(
                 loss_mask[s:e] = [1] * (e - s)
                 logprobs[s:e] = turn.logprobs
             segments = tuple(Segment(s + g.start, s + g.end, g.weight_version) for g in turn.segments)
-            spans.append(TurnSpan(s, e, turn.finish_reason, turn.weight_version, segments))
+            spans.append(
+                TurnSpan(s, e, turn.finish_reason, turn.weight_version, segments, turn.parse, turn.parse_detail)
+            )
         meta = dict(metadata)
         meta.update(
             row_turns=len(chain),

@@ -32,6 +32,10 @@ class ParsedOutput:
     """The text tried to call a tool and failed; ``content`` is then the raw text."""
     error: str = ""
     """Why it was ill-formed."""
+    bad_json: bool = False
+    """Ill-formed because a call's JSON (the call object or its arguments) did not decode,
+    or decoded to something other than an object (``ParseStatus.BAD_JSON``); otherwise
+    ill-formed markup (``ParseStatus.MARKUP_NO_CALL``)."""
     call_ids: list[str | None] = field(default_factory=list)
     """The id the model wrote for each call (Mistral's ``[TOOL_CALLS][{..., "id": ...}]``), aligned
     with ``tool_calls``; empty when the format writes none. The gateway returns it to the client,

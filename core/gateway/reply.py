@@ -9,12 +9,14 @@ Defines:
 - ``Reply``: what was read (one frozen result).
 - ``read_reply``: sampled tokens in, ``Reply`` out; a pure function, no session.
 - ``parse_tools``: a tool parser's reading, its failures as an ill-formed call.
+- ``parse_status``: what a turn's parse came to (``core.types.ParseStatus``) and why.
 
 The order is the protocol's: the token that closed the turn is cut, then the first
 stop string (only when no such token closed it), then the reasoning is split off,
 then tool calls are parsed; calls to strict tools whose arguments break the schema
 and calls ``tool_choice`` refuses are not returned. What the reply did wrong comes
-back as counts; the gateway adds them to the session's counters.
+back as counts; the gateway adds them to the session's counters. Every reply also
+gets a parse status (``Reply.parse``), which the trace keeps on its turn.
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.gateway.fields import short_repr
 from core.gateway.parsed_output import ParsedOutput, ToolParser
 from core.gateway.reasoning_parsers import ReasoningParser
 from core.gateway.strict import split_strict
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
-from core.types import FinishReason
+from core.types import FinishReason, ParseStatus
 
-__all__ = ["Reply", "ReplyFormat", "ReplySettings", "parse_tools", "read_reply"]
+__all__ = ["Reply", "ReplyFormat", "ReplySettings", "parse_status", "parse_tools", "read_reply"]
+
+DETAIL_CHARS = 300
+"""Longest ``Reply.parse_detail`` kept (names and messages come from what the model wrote)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,9 @@ class ReplyFormat:
     """The reasoning parser (``core.gateway.reasoning_parsers``); None: no reasoning split off."""
     parse_tools: ToolParser | None = None
     """The tool-call parser (``core.gateway.toolparse``); None: the gateway offers no tools."""
+    call_markers: tuple[str, ...] = ()
+    """Tool-call markup the chat template writes (``toolparse.call_markers``): a reply holding
+    one that parses to no call is ``ParseStatus.MARKUP_NO_CALL``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +100,10 @@ class Reply:
     """Calls to strict tools whose arguments break the schema."""
     unknown_calls: int
     """Calls naming a tool that was not offered."""
+    parse: ParseStatus = ParseStatus.NO_TOOLS
+    """What the parse came to (``parse_status``)."""
+    parse_detail: str = ""
+    """Why a failed parse failed; '' otherwise."""
 
     @property
     def ill_formed(self) -> bool:
@@ -128,6 +141,7 @@ def read_reply(
     # A call breaking its strict schema, a required call that did not parse, or a refused
     # call attempted: the reply did not follow the request.
     violated = enforced.violated or misfits > 0 or (settings.tool_choice.mode != "auto" and parsed.ill_formed)
+    status, detail = parse_status(settings, fmt, parsed, fitting)
     return Reply(
         body=tuple(body),
         closer=closer,
@@ -140,7 +154,52 @@ def read_reply(
         dropped=enforced.dropped + misfits,
         strict_misfits=misfits,
         unknown_calls=unknown,
+        parse=status,
+        parse_detail=detail[:DETAIL_CHARS],
     )
+
+
+def parse_status(
+    settings: ReplySettings, fmt: ReplyFormat, parsed: ParsedOutput, fitting: Sequence[tuple[str, Any]]
+) -> tuple[ParseStatus, str]:
+    """What ``parsed`` (the parser's reading of a reply) came to, and why when it failed.
+
+    ``fitting``: the parsed calls that fit their strict schema (``split_strict``). The
+    order is the docstring's of ``ParseStatus``: a failed parse, then calls naming a tool
+    not offered, then calls breaking a strict schema, then markup the template writes
+    in a reply the parser read no call from."""
+    if not settings.tools:
+        return ParseStatus.NO_TOOLS, ""
+    if parsed.ill_formed:
+        return (ParseStatus.BAD_JSON if parsed.bad_json else ParseStatus.MARKUP_NO_CALL), parsed.error
+    if parsed.tool_calls:
+        unknown = [name for name, _ in parsed.tool_calls if name not in settings.tools]
+        if unknown:
+            names = ", ".join(short_repr(n) for n in dict.fromkeys(unknown))
+            return ParseStatus.UNKNOWN_TOOL, f"called {names}, not among the tools offered"
+        if len(fitting) < len(parsed.tool_calls):
+            names = ", ".join(short_repr(n) for n in dict.fromkeys(_misfits(parsed.tool_calls, fitting)))
+            return ParseStatus.SCHEMA_MISMATCH, f"arguments of {names} break the strict schema"
+        return ParseStatus.CALLS, ""
+    found = [m for m in fmt.call_markers if m in parsed.content]
+    if found:
+        return ParseStatus.MARKUP_NO_CALL, (
+            f"the text holds {found[0]!r}, tool-call markup of the chat template, but the tool "
+            "parser read no call from it (check gateway.tool_parser)"
+        )
+    return ParseStatus.TEXT, ""
+
+
+def _misfits(calls: Sequence[tuple[str, Any]], fitting: Sequence[tuple[str, Any]]) -> list[str]:
+    """Names of ``calls`` not in ``fitting`` (an ordered subsequence of them)."""
+    out: list[str] = []
+    at = 0
+    for call in calls:
+        if at < len(fitting) and fitting[at] == call:
+            at += 1
+        else:
+            out.append(call[0])
+    return out
 
 
 def parse_tools(parser: ToolParser | None, text: str) -> ParsedOutput:

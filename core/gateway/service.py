@@ -46,7 +46,7 @@ from core.gateway.reply import ReplyFormat, ReplySettings, read_reply
 from core.gateway.sampling import call_seed, turn_params
 from core.gateway.session import Session, new_session_id
 from core.gateway.tokentext import TokenText
-from core.gateway.toolparse import get_parser, kept_call_ids, new_call_id
+from core.gateway.toolparse import call_markers, get_parser, kept_call_ids, new_call_id
 from core.gateway.turn import TurnRequest, TurnResult
 from core.interfaces import Sampler
 from core.tokenizer import end_of_turn_ids
@@ -124,6 +124,7 @@ class Gateway:
             end_of_turn_ids=frozenset(self.end_of_turn_ids),
             split_reasoning=self._split_reasoning,
             parse_tools=self._parse,
+            call_markers=call_markers(self.renderer.template or ""),
         )
 
     # ------------------------------------------------------------------ trainer API
@@ -416,6 +417,8 @@ class Gateway:
             # open it (DeepSeek R1) leave it out of history, so the next turn must not extend it.
             reasoning=bool(reply.reasoning) or settings.opened_think,
             segments=result.segments,
+            parse=reply.parse,
+            parse_detail=reply.parse_detail,
         )
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:

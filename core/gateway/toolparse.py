@@ -13,6 +13,8 @@ Defines:
 - ``parse_mistral``: Mistral ``[TOOL_CALLS]`` followed by a JSON list of calls (v3 tokenizers)
   or by ``NAME[ARGS]{json}`` per call (v11 and later).
 - ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
+- ``CALL_MARKERS``, ``call_markers``: tool-call markup of known formats, and which of it a chat
+  template writes (a turn holding such markup but no call is ``ParseStatus.MARKUP_NO_CALL``).
 - ``new_call_id``, ``kept_call_ids``: tool-call ids, the model's own where its format writes
   one (Mistral v3 to v7), else fresh ones of the form the format's templates accept.
 """
@@ -31,8 +33,10 @@ from core.gateway.harmony import parse_harmony
 from core.gateway.parsed_output import ParsedOutput, ToolParser
 
 __all__ = [
+    "CALL_MARKERS",
     "PARSERS",
     "ParsedOutput",
+    "call_markers",
     "detect_parser",
     "get_parser",
     "kept_call_ids",
@@ -50,8 +54,8 @@ __all__ = [
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-def _ill(text: str, why: str) -> ParsedOutput:
-    return ParsedOutput(content=text, ill_formed=True, error=why)
+def _ill(text: str, why: str, *, bad_json: bool = False) -> ParsedOutput:
+    return ParsedOutput(content=text, ill_formed=True, error=why, bad_json=bad_json)
 
 
 def parse_hermes(text: str) -> ParsedOutput:
@@ -69,7 +73,7 @@ def parse_hermes(text: str) -> ParsedOutput:
         try:
             obj = safejson.loads(m.group(1))
         except ValueError as exc:  # TooDeep included
-            return _ill(text, f"tool call is not JSON: {exc}")
+            return _ill(text, f"tool call is not JSON: {exc}", bad_json=True)
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return _ill(text, "tool call lacks a string 'name'")
         args = obj.get("arguments", obj.get("parameters", {}))
@@ -77,9 +81,9 @@ def parse_hermes(text: str) -> ParsedOutput:
             try:
                 args = safejson.loads(args)
             except ValueError:
-                return _ill(text, "tool call 'arguments' is a string that is not JSON")
+                return _ill(text, "tool call 'arguments' is a string that is not JSON", bad_json=True)
         if not isinstance(args, dict):
-            return _ill(text, "tool call 'arguments' is not an object")
+            return _ill(text, "tool call 'arguments' is not an object", bad_json=True)
         calls.append((obj["name"], args))
         pos = m.end()
     if not calls or text[pos:].strip():
@@ -143,14 +147,14 @@ def parse_llama3_json(text: str) -> ParsedOutput:
         try:
             obj, end = decoder.raw_decode(body, pos)
         except (ValueError, RecursionError) as exc:
-            return _ill(text, f"tool call is not JSON: {type(exc).__name__}: {exc}")
+            return _ill(text, f"tool call is not JSON: {type(exc).__name__}: {exc}", bad_json=True)
         if safejson.deeper_than(obj):
-            return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels")
+            return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels", bad_json=True)
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return _ill(text, "tool call lacks a string 'name'")
         args = obj.get("parameters", obj.get("arguments", {}))
         if not isinstance(args, dict):
-            return _ill(text, "tool call 'parameters' is not an object")
+            return _ill(text, "tool call 'parameters' is not an object", bad_json=True)
         calls.append((obj["name"], args))
         pos = end
         while pos < len(body) and body[pos] in " \n\t;":
@@ -193,9 +197,9 @@ def parse_deepseek_v3(text: str) -> ParsedOutput:
         try:
             args = safejson.loads(m.group(3))
         except ValueError as exc:
-            return _ill(text, f"tool call arguments are not JSON: {exc}")
+            return _ill(text, f"tool call arguments are not JSON: {exc}", bad_json=True)
         if not isinstance(args, dict):
-            return _ill(text, "tool call arguments are not an object")
+            return _ill(text, "tool call arguments are not an object", bad_json=True)
         calls.append((m.group(2).strip(), args))
         pos = m.end()
     if not calls or block[pos:].strip():
@@ -261,7 +265,7 @@ def parse_mistral(text: str) -> ParsedOutput:
             try:
                 args, end = decoder.raw_decode(raw.strip())
             except (ValueError, RecursionError) as exc:
-                return _ill(text, f"tool call arguments are not JSON: {type(exc).__name__}: {exc}")
+                return _ill(text, f"tool call arguments are not JSON: {type(exc).__name__}: {exc}", bad_json=True)
             if raw.strip()[end:].strip() or not name.strip() or not isinstance(args, dict):
                 return _ill(text, "a tool call is not 'NAME[ARGS]{...}'")
             calls.append((name.strip(), args))
@@ -270,20 +274,20 @@ def parse_mistral(text: str) -> ParsedOutput:
         try:
             listed, end = decoder.raw_decode(piece)
         except (ValueError, RecursionError) as exc:
-            return _ill(text, f"tool calls are not a JSON list: {type(exc).__name__}: {exc}")
+            return _ill(text, f"tool calls are not a JSON list: {type(exc).__name__}: {exc}", bad_json=True)
         if piece[end:].strip() or not isinstance(listed, list) or not listed:
-            return _ill(text, "'[TOOL_CALLS]' is not followed by a JSON list of calls")
+            return _ill(text, "'[TOOL_CALLS]' is not followed by a JSON list of calls", bad_json=True)
         for obj in listed:
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
                 return _ill(text, "tool call lacks a string 'name'")
             args = obj.get("arguments", {})
             if not isinstance(args, dict):
-                return _ill(text, "tool call 'arguments' is not an object")
+                return _ill(text, "tool call 'arguments' is not an object", bad_json=True)
             calls.append((obj["name"], args))
             ident = obj.get("id")
             ids.append(ident if isinstance(ident, str) and _MISTRAL_ID.fullmatch(ident) else None)
     if any(safejson.deeper_than(a) for _, a in calls):
-        return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels")
+        return _ill(text, f"tool call JSON nests more than {safejson.MAX_DEPTH} levels", bad_json=True)
     return ParsedOutput(content=text[:start], tool_calls=calls, call_ids=ids if any(ids) else [])
 
 
@@ -317,6 +321,33 @@ def detect_parser(chat_template: str) -> str | None:
     if "<|python_tag|>" in chat_template or "ipython" in chat_template:
         return "llama3_json"
     return None
+
+
+CALL_MARKERS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<function=",
+    "<arg_key>",
+    "<|python_tag|>",
+    DS_CALLS_BEGIN,
+    "<｜tool▁call▁begin｜>",
+    MISTRAL_CALLS,
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "<minimax:tool_call>",
+    "<TOOLCALL>",
+)
+"""Markup that opens or closes a tool call in a known format (Hermes/Qwen, Qwen3-Coder,
+GLM, Llama 3, DeepSeek, Mistral, Kimi K2, MiniMax M2, Nemotron). Only strings no prose
+writes by chance: a turn holding one and no call tried to call a tool."""
+
+
+def call_markers(chat_template: str) -> tuple[str, ...]:
+    """The ``CALL_MARKERS`` a chat template writes: the model learned to call tools with them,
+    so a turn that holds one but parses to no call is a failed call, whatever the configured
+    parser reads (a parser of another format would otherwise see plain text, and a run
+    would train without a single tool call and not know it)."""
+    return tuple(m for m in CALL_MARKERS if m in chat_template)
 
 
 def get_parser(name: str, chat_template: str) -> tuple[str | None, ToolParser | None]:

@@ -19,8 +19,12 @@ A row stores ``token_ids`` after the prefix it shares with an earlier row of the
 same rollout (``base: [row, n]``: the first n tokens are that row's), the loss
 mask as ``[start, end)`` runs, ``logprobs`` only where the mask is 1 (rounded to
 ``LOGPROB_DECIMALS``), turns as ``[start, end, finish_reason, weight_version]``
-(with a fifth item, ``[[start, end, weight_version], ...]``, for a turn a weight
-update interrupted: its segments) and the gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
+followed by the turn's further fields when it has any: a list ``[[start, end,
+weight_version], ...]`` for a turn a weight update interrupted (its segments), and an
+object of named fields (``parse``, and ``parse_detail`` when not empty:
+``core.types.ParseStatus``); files written before them hold four-item turns, read back
+with those fields unset, and readers ignore names they do not know. Then the
+gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
 
 A trace is never fatal to a run: values orjson cannot write (integers outside
 64 bits, containers nested deeper than ``STORED_DEPTH``; both arrive from
@@ -56,7 +60,7 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from core.types import FinishReason, RolloutStatus, Segment, TraceRecord, TurnSpan
+from core.types import FinishReason, ParseStatus, RolloutStatus, Segment, TraceRecord, TurnSpan
 
 TRACES_DIR = "traces"
 """Subdirectory of the run directory holding the trace files."""
@@ -122,6 +126,9 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
             entry["turn"] = index.get(id(node.turn))
             entry["weight_version"] = node.turn.weight_version
             entry["finish_reason"] = str(node.turn.finish_reason)
+            entry["parse"] = str(node.turn.parse)
+            if node.turn.parse_detail:
+                entry["parse_detail"] = node.turn.parse_detail
         out.append(entry)
         stack.extend((child, me) for child in reversed(node.children))
     return out
@@ -160,18 +167,39 @@ def _finite(value: Any) -> Any:
 
 def encode_turn(turn: TurnSpan) -> list[Any]:
     """``[start, end, finish_reason, weight_version]``, plus ``[[start, end, version], ...]``
-    when a weight update interrupted the turn (its segments)."""
+    when a weight update interrupted the turn (its segments), plus an object of its named
+    fields when it has any (see the module docstring)."""
     out: list[Any] = [turn.start, turn.end, str(turn.finish_reason), turn.weight_version]
     if turn.segments:
         out.append([[g.start, g.end, g.weight_version] for g in turn.segments])
+    extra: dict[str, Any] = {}
+    if turn.parse is not None:
+        extra["parse"] = str(turn.parse)
+        if turn.parse_detail:
+            extra["parse_detail"] = turn.parse_detail
+    if extra:
+        out.append(extra)
     return out
 
 
 def decode_turn(stored: Sequence[Any]) -> TurnSpan:
-    """The ``TurnSpan`` ``encode_turn`` stored (files written before segments have four items)."""
+    """The ``TurnSpan`` ``encode_turn`` stored. Four-item turns (files written before
+    segments and parse statuses) have neither; a parse status this version does not know
+    reads as none."""
     s, e, f, v = stored[:4]
-    segments = tuple(Segment(int(a), int(b), int(w)) for a, b, w in stored[4]) if len(stored) > 4 else ()
-    return TurnSpan(int(s), int(e), FinishReason(f), int(v), segments)
+    segments: tuple[Segment, ...] = ()
+    extra: Mapping[str, Any] = {}
+    for item in stored[4:]:
+        if isinstance(item, Mapping):
+            extra = item
+        elif isinstance(item, list):
+            segments = tuple(Segment(int(a), int(b), int(w)) for a, b, w in item)
+    try:
+        parse = ParseStatus(extra["parse"]) if extra.get("parse") is not None else None
+    except ValueError:
+        parse = None
+    detail = str(extra.get("parse_detail") or "")
+    return TurnSpan(int(s), int(e), FinishReason(f), int(v), segments, parse, detail)
 
 
 def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:

@@ -8,7 +8,9 @@ checkpoint on schedule. A step whose groups carry no signal (all constant,
 lone or failed) skips the update (``train/skipped``), unless the loss has an
 entropy bonus. Guards (``core.trainer.guards``): a canary rollout before training,
 an abort when a step's rollout failure rate passes ``max_failure_rate``, one run
-at a time per ``run_dir``, and no fresh run over an old run's checkpoints.
+at a time per ``run_dir``, and no fresh run over an old run's checkpoints. A console
+warning when a step's tool calls fail to parse far more often than before, or when
+tools were offered and no turn called one (``core.trainer.parse_watch``).
 
 ``sampler=vllm|sglang`` (``core.trainer.fleet``) samples from inference servers
 instead of the backend's sampler: before the first rollout and after each
@@ -56,6 +58,7 @@ from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.guards import check_canary, check_certificate, check_failures, check_fresh_run_dir
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
 from core.trainer.overrides import loss_sampling, mask_override_turns
+from core.trainer.parse_watch import ParseWatch
 from core.trainer.pool import PoolResume, PoolSize, RolloutPool, mask_stale_turns
 from core.trainer.signal import StepSignal, build_signal
 from core.trainer.source import (
@@ -94,6 +97,7 @@ class Trainer:
         self.fleet: Fleet | None = None
         self.source: RolloutSource | None = None
         self._resumed = PoolResume(next_seq=0, pending=[])
+        self.parse_watch = ParseWatch()
 
     # -- setup --------------------------------------------------------------
 
@@ -442,6 +446,11 @@ class Trainer:
                 bar.write(line)
             else:
                 print(line, flush=True)
+        for warning in self.parse_watch.warnings(record):
+            if bar is not None:
+                bar.write(warning, file=sys.stderr)
+            else:
+                print(warning, file=sys.stderr, flush=True)
 
     async def run(self) -> int:
         try:

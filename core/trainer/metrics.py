@@ -2,8 +2,9 @@
 
 - ``StepTimes``: seconds spent in each phase of a step;
 - ``StepReport``: everything a step produced that its record summarises;
-- ``step_metrics``: rewards, rollout statuses, trace and fault counts, data position,
-  times, and the group, train and eval metrics;
+- ``step_metrics``: rewards, rollout statuses, trace and fault counts, tool-call parse
+  statuses (``core.trainer.parse_watch``), data position, times, and the group, train
+  and eval metrics;
 - ``flow_metrics``: staleness of what trained (per rollout and per token, read from
   each turn's segments), interrupted turns, idle times and throughput (the same
   keys in ``trainer.mode=sync`` and ``async``).
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.rollout import FAULT_KEYS, RolloutOutcome
+from core.trainer.parse_watch import parse_metrics
 from core.trainer.pool import interrupted_turns, rollout_staleness, token_staleness
 from core.types import Datum, RolloutStatus
 
@@ -94,6 +96,7 @@ def step_metrics(report: StepReport) -> dict[str, Any]:
         "trace/forks": sum(int(r.metadata.get("forks", 0)) for r in rows),
         "trace/ill_formed_tool_calls": sum(int(r.metadata.get("ill_formed_tool_calls", 0)) for r in rows),
         "trace/truncated": sum(int(bool(r.metadata.get("truncated", False))) for r in rows),
+        **parse_metrics(rows),
         # Read from each rollout's session, so a rollout without rows still counts.
         **{f"faults/{k}": sum(o.faults.get(k, 0) for o in outcomes) for k in FAULT_KEYS},
         "rollouts/with_disconnected_turns": sum(

@@ -169,3 +169,38 @@ def test_detection_of_the_other_families() -> None:
     assert detect_parser('{{- "[TOOL_CALLS][" }}') == "mistral"
     assert detect_parser("<｜tool▁calls▁begin｜>") == "deepseek_v3"
     assert detect_parser("<|start|>assistant to=functions.f<|channel|>commentary<|call|>") == "harmony"
+
+
+DS_CALL = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{ARGS}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "bad_json"),
+    [
+        ("hermes", '<tool_call>{"name": "f", "arguments": {x}}</tool_call>', True),
+        ("hermes", '<tool_call>{"name": "f", "arguments": "{x"}</tool_call>', True),
+        ("hermes", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', True),
+        ("hermes", '<tool_call>{"arguments": {}}</tool_call>', False),
+        ("hermes", '<tool_call>{"name": "f", "arguments": {}}', False),
+        ("qwen3_coder", "<tool_call>\n<parameter=x>1</parameter>\n</tool_call>", False),
+        ("llama3_json", '{"name": "f", "parameters": {x}}', True),
+        ("llama3_json", '{"name": "f", "parameters": 3}', True),
+        ("llama3_json", '{"parameters": {}}', False),
+        ("deepseek_v3", DS_CALL.replace("{ARGS}", "{x}"), True),
+        ("deepseek_v3", DS_CALL.replace("{ARGS}", "[1]"), True),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜>junk", False),
+        ("glm45", "<tool_call>f<arg_key>x</arg_key>stray</tool_call>", False),
+        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {x}}]', True),
+        ("mistral", '[TOOL_CALLS]f[ARGS]{x}', True),
+        ("mistral", '[TOOL_CALLS][{"arguments": {}}]', False),
+        ("harmony", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{x}", True),
+        ("harmony", "<|channel|>commentary to=browser.open <|constrain|>json<|message|>{}", False),
+    ],
+)
+def test_a_failed_parse_says_whether_the_json_was_bad_or_the_markup(parser: str, text: str, bad_json: bool) -> None:
+    """``bad_json`` decides ``ParseStatus.BAD_JSON`` against ``MARKUP_NO_CALL`` for every parser."""
+    from core.gateway.toolparse import PARSERS
+
+    out = PARSERS[parser](text)
+    assert out.ill_formed and out.error, out
+    assert out.bad_json is bad_json, out.error

@@ -106,3 +106,31 @@ async def override_temperature(payload: dict[str, Any]) -> dict[str, Any]:
         config["sampling_params"] = {**(config.get("sampling_params") or {}), "temperature": 0.5}
         payload = {**payload, "_config": config}
     return await solve(payload)
+
+
+tooled = AgentApp()
+
+
+@tooled.entrypoint
+async def offer_a_tool(payload: dict[str, Any]) -> dict[str, Any]:
+    """succ_digit with a tool offered in every request; the fake model answers a digit, so no
+    turn ever calls it (the loop's "tools offered, none called" warning)."""
+    from core.tasks.succ_digit import _http, charwise_reward, question
+
+    config = payload["_config"]
+    tool = {"type": "function", "function": {"name": "next_digit", "parameters": {"type": "object", "properties": {}}}}
+    body = {
+        "model": config["model_id"],
+        "messages": [{"role": "user", "content": question(int(payload["n"]))}],
+        "tools": [tool],
+        **(config.get("sampling_params") or {}),
+    }
+    response = await _http().post(
+        f"{config['base_url'].rstrip('/')}/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {config['api_key']}"},
+    )
+    if response.status_code != 200:
+        raise RuntimeError(f"gateway answered HTTP {response.status_code}: {response.text[:500]}")
+    reply = response.json()["choices"][0]["message"]["content"] or ""
+    return {"reward": charwise_reward(reply, str(payload["answer"]))}

@@ -38,6 +38,10 @@ REQUIRED_KEYS = {
     "turns/total",
     "trace/forks",
     "trace/ill_formed_tool_calls",
+    "gateway/tool_parse_failed",
+    "gateway/turns_with_tools",
+    "gateway/parse/no_tools",
+    "gateway/parse/calls",
     "train/logprob_diff_max",
     "time/rollout",
     "time/train",
@@ -94,6 +98,9 @@ def test_loop_trains_logs_and_closes(tmp_path: Path) -> None:
         assert REQUIRED_KEYS <= set(r), REQUIRED_KEYS - set(r)
         assert r["rollouts/ok"] == 8 and r["rollouts/failed"] == 0
         assert r["turns/total"] == 8
+        # succ_digit offers no tools: every turn is ``no_tools``, and no rate to warn about.
+        assert r["gateway/parse/no_tools"] == 8 and r["gateway/turns_with_tools"] == 0
+        assert r["gateway/tool_parse_failed"] == 0.0
     # every step that had a learning signal trained, synced and bumped the version
     trained_steps = len(backend.datums_seen)
     assert backend.optim_steps == trained_steps == backend.version >= 1
@@ -106,6 +113,27 @@ def test_loop_trains_logs_and_closes(tmp_path: Path) -> None:
     assert (trainer.run_dir / "report.html").read_text().count("<polyline") >= 1
     assert (trainer.run_dir / "checkpoints" / "step_000003" / "trainer_state.json").exists()
     assert list_traces(trainer.run_dir)["train"] == [2, 3]  # trainer.keep_traces=2: step 1's removed
+
+
+@pytest.mark.integration
+def test_tools_offered_and_never_called_warn_once_and_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every request offers a tool and the fake model only ever answers a digit: each step
+    counts its turns as ``text`` among the turns with tools, and the console warns on the
+    first step only (not on every step while nothing changes)."""
+    cfg, plugins = _cfg(tmp_path, agent="loop_agents:tooled")
+    trainer = _train(cfg, plugins)
+    records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["gateway/turns_with_tools"] == r["gateway/parse/text"] == 8
+        assert r["gateway/parse/calls"] == r["gateway/parse/no_tools"] == 0
+        assert r["gateway/tool_parse_failed"] == 0.0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "no turn called one" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: step 1: tools were offered in 8 turns"), err
+    assert "gateway.tool_parser" in warned[0]
 
 
 @pytest.mark.integration
