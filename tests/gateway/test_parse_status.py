@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from core.gateway import GatewayConfig
-from core.rundir.traces import conversation_tree, decode_rows, decode_turn, encode_rows
-from core.types import FinishReason, ParseStatus, SamplingParams, TurnSpan
+from core.rundir.traces import conversation_tree, decode_rows, decode_turn, encode_rows, encode_turn
+from core.types import FinishReason, ParseStatus, SamplingParams, Segment, TurnSpan
 from tests.gateway.conftest import CALC_TOOL, Harness
 
 USER = [{"role": "user", "content": "What is 2+2?"}]
@@ -130,6 +130,16 @@ def test_old_four_item_turns_read_back_without_a_status() -> None:
     status name this version does not know reads as none rather than failing the file."""
     assert decode_turn([3, 9, "stop", 2]) == TurnSpan(3, 9, FinishReason.STOP, 2)
     assert decode_turn([3, 9, "stop", 2, {"parse": "from_the_future"}]).parse is None
-    newer = decode_turn([3, 9, "length", 2, {"parse": "bad_json", "parse_detail": "x", "segments": [[3, 5]]}])
+    newer = decode_turn([3, 9, "length", 2, {"parse": "bad_json", "parse_detail": "x", "unknown_name": [1]}])
     assert newer.parse is ParseStatus.BAD_JSON and newer.parse_detail == "x"
     assert newer.finish_reason is FinishReason.LENGTH
+
+
+def test_a_turn_with_segments_and_a_parse_status_keeps_both() -> None:
+    """An interrupted turn stores its segments as a list and its named fields as an object,
+    after the four items; either may be absent."""
+    span = TurnSpan(3, 9, FinishReason.STOP, 1, (Segment(3, 5, 1), Segment(5, 9, 2)), ParseStatus.CALLS)
+    stored = json.loads(json.dumps(encode_turn(span)))
+    assert stored == [3, 9, "stop", 1, [[3, 5, 1], [5, 9, 2]], {"parse": "calls"}]
+    assert decode_turn(stored) == span
+    assert decode_turn(stored[:5]) == TurnSpan(3, 9, FinishReason.STOP, 1, span.segments)
