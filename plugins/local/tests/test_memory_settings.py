@@ -224,3 +224,17 @@ def test_a_real_model_with_the_tiny_learning_rate_is_warned_about(
     assert build("tiny", 1e-3) == []
     assert learning_rate_advice("some/model", lora=True, learning_rate=1e-3) is not None
     assert learning_rate_advice("some/model", lora=True, learning_rate=5e-5) is None
+
+
+def test_bf16_autocast_keeps_float32_weights_and_runs_in_bf16(make_backend: Any) -> None:
+    """Mixed precision: float32 weights and gradients, a bf16 forward (logprobs move by bf16 rounding)."""
+    exact = make_backend(seed=3, dtype="float32")
+    mixed = make_backend(seed=3, dtype="float32", train_bf16_autocast=True)
+    datums = _datums(exact, 2)
+    a = run(exact.forward_backward(datums, "ppo"))
+    b = run(mixed.forward_backward(datums, "ppo"))
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    grads = _grads(mixed)
+    assert grads and all(g.dtype == torch.float32 and g.isfinite().all() for g in grads.values())
+    gap = max(abs(x - y) for la, lb in zip(a.logprobs, b.logprobs, strict=True) for x, y in zip(la, lb, strict=True))
+    assert 0 < gap < 0.1, gap

@@ -238,6 +238,7 @@ class LocalBackend:
                         micro_batch=self.config.train_micro_batch,
                         tokens_per_micro_batch=self.config.train_tokens_per_micro_batch,
                         logprob_chunk=self.config.train_logprob_chunk,
+                        bf16_autocast=self.config.train_bf16_autocast,
                     ),
                 )
             except (ConfigError, TrainingError):

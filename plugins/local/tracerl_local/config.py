@@ -99,6 +99,12 @@ class LocalBackendConfig:
     """Tokens whose full-vocabulary logits exist at once when the trainer scores its
     tokens (computed again in the backward, one chunk at a time). 0: the whole
     micro-batch's at once (faster for tiny vocabularies, tokens x vocabulary floats)."""
+    train_bf16_autocast: bool = False
+    """Run the trainer's forward in bf16 under ``torch.autocast`` while weights, gradients
+    and AdamW's state stay in ``dtype``: with ``dtype: float32`` this is mixed precision,
+    which keeps the small updates of a full fine-tune that bf16 weights round away.
+    The sampler computes in ``dtype``, so trainer and sampler logprobs differ by bf16
+    rounding."""
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input for the backward and run the layer again
     there (transformers' activation checkpointing): less memory, about a third more

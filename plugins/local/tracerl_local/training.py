@@ -11,7 +11,9 @@ Memory (``TrainShape``): a micro-batch holds at most ``micro_batch`` datums and
 ``tokens_per_micro_batch`` padded tokens; with ``logprob_chunk`` the logits are
 made ``logprob_chunk`` tokens at a time (``tracerl_local.chunked``). With
 activation checkpointing on (``enable_checkpointing``) the decoder layers keep
-only their inputs for the backward and run again there.
+only their inputs for the backward and run again there. With ``bf16_autocast``
+the forward runs under ``torch.autocast`` in bf16 while the weights, their
+gradients and the optimizer state keep the model's dtype.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from tracerl_local.model import model_forward
 
 @dataclass(frozen=True)
 class TrainShape:
-    """How ``forward_backward_sync`` cuts a call up to bound its memory (none changes the gradient)."""
+    """How ``forward_backward_sync`` runs a call: the first three bound its memory and do not
+    change the gradient; ``bf16_autocast`` changes the arithmetic."""
 
     micro_batch: int = 64
     """Most datums per forward/backward."""
@@ -42,6 +45,8 @@ class TrainShape:
     longer than this goes alone."""
     logprob_chunk: int = 0
     """Tokens whose logits exist at once (``tracerl_local.chunked``); 0: the whole micro-batch's."""
+    bf16_autocast: bool = False
+    """Run the forward under ``torch.autocast(dtype=torch.bfloat16)`` (matmuls in bf16)."""
 
 
 def micro_batches(datums: Sequence[Datum], shape: TrainShape) -> list[range]:
@@ -201,7 +206,8 @@ def forward_backward_sync(
         weights = padded([list(d.weights) for d in chunk])
         old = padded([list(d.logprobs) for d in chunk])
         adv = padded([list(d.advantages) for d in chunk])
-        with checkpointed_layers(model):
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=shape.bf16_autocast)
+        with checkpointed_layers(model), autocast:
             logp, entropy = trainer_logprobs_and_entropy(
                 model, chunk, settings, pad_id, cache_arg, shape.logprob_chunk
             )
