@@ -2,8 +2,9 @@
 
 ``RunData`` answers three questions, each a JSON-able dict: the run's overview
 (``metrics.jsonl`` plus which steps have traces), one stored step's rollouts in
-summary, and one rollout in full (rows with every token's id, text, mask and
-logprob). Trace files are re-read when they change on disk, so a page refresh
+summary (with how many of each rollout's turns ended in each tool-call parse
+status, ``core.types.ParseStatus``), and one rollout in full (rows with every
+token's id, text, mask and logprob, and each turn's parse status). Trace files are re-read when they change on disk, so a page refresh
 sees the steps a running training wrote since.
 """
 
@@ -22,18 +23,41 @@ from core.rundir.traces import (
     KINDS,
     TRACES_DIR,
     StepTraces,
+    decode_turn,
     list_traces,
     read_traces,
     rows_of,
     trace_path,
 )
-from core.types import RolloutStatus
+from core.types import ParseStatus, RolloutStatus, TurnSpan
 
 _CACHE_FILES = 6
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def parse_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of a stored rollout's turns ended in each parse status (only those seen).
+
+    A turn that forked rows share is counted once, in the first row (the others hold it
+    as their first ``shared_turns``); turns stored without a status are not counted."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        shared = int((row.get("metadata") or {}).get("shared_turns", 0) or 0)
+        for stored in row.get("turns", [])[shared:]:
+            status = decode_turn(stored).parse
+            if status is not None:
+                counts[status.value] = counts.get(status.value, 0) + 1
+    return {s.value: counts[s.value] for s in ParseStatus if s.value in counts}
+
+
+def _parse_of(turn: TurnSpan) -> dict[str, str] | None:
+    """A turn's parse status for the page; None when its trace recorded none."""
+    if turn.parse is None:
+        return None
+    return {"status": turn.parse.value, "detail": turn.parse_detail}
 
 
 def find_run_dir(path: Path) -> Path:
@@ -165,6 +189,7 @@ class RunData:
                     "trained": trained,
                     "weight_versions": versions,
                     "truncated": any(bool((x.get("metadata") or {}).get("truncated")) for x in rows),
+                    "parse": parse_counts(rows),
                     "error": error.strip().splitlines()[-1][:300] if error.strip() else "",
                 }
             )
@@ -197,6 +222,7 @@ class RunData:
                     "logprobs": row.logprobs,
                     "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
                     "metadata": row.metadata,
+                    "parse": [_parse_of(t) for t in row.turns],
                 }
             )
         full = {k: v for k, v in r.items() if k != "rows"}

@@ -241,3 +241,55 @@ def test_tree_session_forks_show_as_branches(browser: Any, tmp_path: Path) -> No
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_parse_statuses_are_shown_on_each_turn_and_filter_the_step(browser: Any, tmp_path: Path) -> None:
+    """A step whose turns carry tool-call parse statuses: the step view lists them per rollout
+    and its parse filter keeps only the rollouts with a turn of the chosen status; the
+    rollout view shows each turn's status, and why a failed one failed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from .parse_step import BAD_JSON_DETAIL, write_parse_step
+
+    write_parse_step(tmp_path)
+    server = ViewServer(tmp_path, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/step/train/1")
+        main = _wait_view(browser, "step")
+        shown = lambda: [r.get_attribute("data-rollout") for r in main.find_elements(By.CSS_SELECTOR, "tr[data-rollout]")]  # noqa: E731
+        parses = lambda rid: [b.text for b in main.find_elements(By.CSS_SELECTOR, f'tr[data-rollout="{rid}"] td.parse .badge')]  # noqa: E731
+        assert sorted(shown()) == ["r-calls", "r-json", "r-plain"]
+        assert parses("r-json") == ["calls 1", "bad_json 1"] and parses("r-plain") == ["no_tools 1"]
+        assert "bad" in main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r-json"] [data-parse="bad_json"]').get_attribute("class")
+        select = Select(main.find_element(By.ID, "filter-parse"))
+        assert [o.text for o in select.options] == [
+            "all tool-call parses", "any failed (1)", "no_tools (1)", "text (1)", "calls (2)", "bad_json (1)",
+        ]
+        select.select_by_value("bad_json")
+        main = _wait_view(browser, "step")
+        assert shown() == ["r-json"] and main.find_element(By.ID, "shown").text.startswith("1 of 3")
+        browser.save_screenshot(str(tmp_path / "parse_filter.png"))
+        Select(main.find_element(By.ID, "filter-parse")).select_by_value("calls")
+        assert sorted(shown()) == ["r-calls", "r-json"]
+        Select(main.find_element(By.ID, "filter-parse")).select_by_value("failed")
+        assert shown() == ["r-json"]
+        Select(main.find_element(By.ID, "filter-parse")).select_by_value("all")
+        assert len(shown()) == 3
+
+        main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r-json"]').click()
+        main = _wait_view(browser, "rollout")
+        heads = main.find_elements(By.CSS_SELECTOR, '#conversation .msg[data-role="assistant"] .role [data-parse]')
+        # (the role line is shown in capitals: its text content is compared)
+        assert [b.get_attribute("textContent") for b in heads] == ["parse: bad_json", "parse: calls"]
+        assert heads[0].get_attribute("title") == BAD_JSON_DETAIL
+        (why,) = main.find_elements(By.CSS_SELECTOR, "#conversation .parse-detail")
+        assert why.text == f"tool call bad_json: {BAD_JSON_DETAIL}"
+        turns = main.find_elements(By.CSS_SELECTOR, ".rowhead [data-parse]")
+        assert [b.text for b in turns] == ["turn 1 parse: bad_json", "turn 2 parse: calls"]
+        browser.save_screenshot(str(tmp_path / "parse_rollout.png"))
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -239,3 +239,61 @@ def test_steps_removed_by_retention_are_a_clear_not_found(tmp_path: Path, monkey
     writer.write_step(5, [outcome], {})  # the export finds 4 and 5 stored, then 4 is removed
     exported = RunData(tmp_path).export(None)
     assert exported["run"]["traces"]["train"] == [5] and "train/4" not in exported["steps"]
+
+
+def test_a_real_run_s_turns_are_no_tools_and_the_api_says_so(trained_run: dict[str, Any]) -> None:
+    """The toy task offers no tools: every turn of every stored rollout is ``no_tools``, in the
+    step summary (counts per rollout) and in the rollout (one status per turn)."""
+    data = RunData(trained_run["run_dir"])
+    step = data.step("train", 1)
+    ok = [r for r in step["rollouts"] if r["status"] == "ok"]
+    assert ok and all(r["parse"] == {"no_tools": r["turns"]} for r in ok)
+    full = data.rollout("train", 1, ok[0]["rollout_id"])
+    assert [p["status"] for row in full["rows"] for p in row["parse"]] == ["no_tools"] * ok[0]["turns"]
+    assert all(n["parse"] == "no_tools" for n in full["conversation"] if n["turn"] is not None)
+
+
+def test_parse_statuses_in_the_step_summary_and_the_rollout_over_http(tmp_path: Path) -> None:
+    from .parse_step import BAD_JSON_DETAIL, STATUSES, write_parse_step
+
+    write_parse_step(tmp_path)
+    with _serving(tmp_path) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", "/api/step?kind=train&step=1")
+        step = json.loads(conn.getresponse().read())
+        assert {r["rollout_id"]: r["parse"] for r in step["rollouts"]} == {
+            "r-json": {"calls": 1, "bad_json": 1},
+            "r-calls": {"text": 1, "calls": 1},
+            "r-plain": {"no_tools": 1},
+        }
+        conn.request("GET", "/api/rollout?kind=train&step=1&id=r-json")
+        rollout = json.loads(conn.getresponse().read())
+        conn.close()
+    (row,) = rollout["rows"]
+    assert row["parse"] == [{"status": "bad_json", "detail": BAD_JSON_DETAIL}, {"status": "calls", "detail": ""}]
+    turns = [n for n in rollout["conversation"] if n["turn"] is not None]
+    assert [n["parse"] for n in turns] == [s.value for s in STATUSES["r-json"]]
+    assert turns[0]["parse_detail"] == BAD_JSON_DETAIL and "parse_detail" not in turns[1]
+
+
+def test_traces_written_before_parse_statuses_show_none(tmp_path: Path) -> None:
+    """A trace file of an older tracerl (four-item turns, no parse keys in the conversation)
+    still opens: no counts, and no status per turn."""
+    from core.rundir.traces import write_trace_file
+
+    from .parse_step import write_parse_step
+
+    write_parse_step(tmp_path)
+    path = trace_path(tmp_path, "train", 1)
+    old = read_traces(path)
+    for record in old.rollouts:
+        for row in record["rows"]:
+            row["turns"] = [t[:4] for t in row["turns"]]
+        for node in record["conversation"]:
+            node.pop("parse", None)
+            node.pop("parse_detail", None)
+    write_trace_file(path, old.header, old.rollouts)
+    data = RunData(tmp_path)
+    assert all(r["parse"] == {} for r in data.step("train", 1)["rollouts"])
+    (row,) = data.rollout("train", 1, "r-json")["rows"]
+    assert row["parse"] == [None, None]

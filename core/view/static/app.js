@@ -13,10 +13,13 @@
     rejected: '#475569', sampler_error: '#0891b2', no_model_calls: '#65a30d',
     judge_error: '#9333ea', reward_timeout: '#ca8a04', reward_pending: '#64748b',
   };
+  // Tool-call parse statuses of a turn (core.types.ParseStatus), in their documented order.
+  const PARSE_ORDER = ['no_tools', 'text', 'calls', 'unknown_tool', 'bad_json', 'schema_mismatch', 'markup_no_call'];
+  const PARSE_FAILED = new Set(['unknown_tool', 'bad_json', 'schema_mismatch', 'markup_no_call']);
   let RUN = null;
   let pollTimer = null;
   let explorerKey = '';
-  const stepState = { status: 'all', min: '', max: '', sort: 'prompt', grouped: true };
+  const stepState = { status: 'all', parse: 'all', min: '', max: '', sort: 'prompt', grouped: true };
 
   // ---------------------------------------------------------------- helpers
   function h(tag, attrs, ...kids) {
@@ -41,6 +44,15 @@
   const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
   function badge(status) {
     return h('span', { class: 'badge ' + (status === 'ok' ? 'ok' : 'bad'), 'data-status': status }, status);
+  }
+  function parseBadge(status, detail, label) {
+    return h('span', { class: 'badge parse ' + (PARSE_FAILED.has(status) ? 'bad' : 'info'), 'data-parse': status, title: detail || null }, label || status);
+  }
+  function hasParse(r, want) {
+    const seen = r.parse || {};
+    if (want === 'all') return true;
+    if (want === 'failed') return Object.keys(seen).some((s) => PARSE_FAILED.has(s));
+    return (seen[want] || 0) > 0;
   }
   function heat(p) {
     const hue = Math.round(120 * Math.max(0, Math.min(1, p)));
@@ -205,6 +217,8 @@
         { name: 'trained tokens', color: COLORS[2], pts: seriesOf(steps, 'tokens/trained') },
       ], { pick, fmt: (v) => fmtInt(v) }),
     );
+    const withTools = steps.filter((r) => r['gateway/turns_with_tools'] > 0);
+    if (withTools.length) grid.appendChild(chart('Tool calls that failed to parse', [{ name: 'failed share of turns with tools offered', color: COLORS[1], pts: withTools.map((r) => [r.step, r['gateway/tool_parse_failed']]) }], { unit: true, pick, fmt: (v) => (100 * v).toFixed(0) + '%' }));
     if (staleKeys.length) grid.appendChild(chart('Staleness', staleKeys.map((k, i) => ({ name: k, color: COLORS[i % COLORS.length], pts: seriesOf(steps, k) })), { pick }));
     const explorer = h('div', { class: 'panel' });
     const sel = h('select', { id: 'metric-select' }, numericKeys.map((k) => h('option', { value: k }, k)));
@@ -287,6 +301,14 @@
     const sortSel = h('select', { id: 'sort' }, [['prompt', 'prompt order'], ['reward-desc', 'reward ↓'], ['reward-asc', 'reward ↑'], ['adv-desc', 'advantage ↓'], ['adv-asc', 'advantage ↑'], ['time-desc', 'duration ↓'], ['status', 'status']].map(([v, t]) => h('option', { value: v }, t)));
     const groupBox = h('input', { type: 'checkbox', id: 'group-toggle' });
     statusSel.value = statuses.includes(stepState.status) ? stepState.status : 'all';
+    // Filter by the parse status of any of a rollout's turns (traces written before parse
+    // statuses have none: the control is left out).
+    const parseSeen = PARSE_ORDER.filter((s) => data.rollouts.some((r) => hasParse(r, s)));
+    const parseCount = (want) => data.rollouts.filter((r) => hasParse(r, want)).length;
+    const parseSel = h('select', { id: 'filter-parse' }, h('option', { value: 'all' }, 'all tool-call parses'),
+      parseSeen.some((s) => PARSE_FAILED.has(s)) ? h('option', { value: 'failed' }, `any failed (${parseCount('failed')})`) : null,
+      parseSeen.map((s) => h('option', { value: s }, `${s} (${parseCount(s)})`)));
+    parseSel.value = parseSeen.includes(stepState.parse) || (stepState.parse === 'failed' && parseSeen.some((s) => PARSE_FAILED.has(s))) ? stepState.parse : 'all';
     minIn.value = stepState.min; maxIn.value = stepState.max; sortSel.value = stepState.sort; groupBox.checked = stepState.grouped;
     const num = (x, dflt) => (isNum(x) ? x : dflt);
     const sorters = {
@@ -304,6 +326,7 @@
       h('td', { class: 'num reward' }, fmt(r.reward)),
       h('td', { class: 'num' }, fmt(r.advantage)),
       h('td', { class: 'num' }, String(r.turns)),
+      h('td', { class: 'parse' }, PARSE_ORDER.filter((s) => hasParse(r, s)).map((s) => [parseBadge(s, null, `${s} ${r.parse[s]}`), ' '])),
       h('td', { class: 'num' }, String(r.rows)),
       h('td', { class: 'num' }, `${fmtInt(r.trained)} / ${fmtInt(r.tokens)}`),
       h('td', { class: 'num weights' }, r.weight_versions.map((v) => 'v' + v).join(' '),
@@ -311,13 +334,14 @@
           ? h('span', { class: 'muted', title: `sampled with weights up to ${data.weight_version - r.weight_versions[0]} versions older than the step trained (v${data.weight_version})` }, ` −${data.weight_version - r.weight_versions[0]}`) : null),
       h('td', { class: 'num' }, fmt(r.elapsed_s, 2) + ' s'),
       h('td', { class: 'mono' }, r.truncated ? h('span', { class: 'badge info' }, 'truncated') : null, ' ', short(r.error || '', 140)));
-    const head = () => h('thead', {}, h('tr', {}, ['#', 'status', 'reward', 'advantage', 'turns', 'rows', 'tokens trained / all', 'weights', 'duration', 'notes, error'].map((c, i) => h('th', { class: i === 1 || i === 9 ? '' : 'num' }, c))));
+    const head = () => h('thead', {}, h('tr', {}, ['#', 'status', 'reward', 'advantage', 'turns', 'tool-call parses', 'rows', 'tokens trained / all', 'weights', 'duration', 'notes, error'].map((c, i) => h('th', { class: i === 1 || i === 5 || i === 10 ? '' : 'num' }, c))));
     const draw = () => {
-      Object.assign(stepState, { status: statusSel.value, min: minIn.value, max: maxIn.value, sort: sortSel.value, grouped: groupBox.checked });
+      Object.assign(stepState, { status: statusSel.value, parse: parseSel.value, min: minIn.value, max: maxIn.value, sort: sortSel.value, grouped: groupBox.checked });
       const lo = minIn.value === '' ? -Infinity : Number(minIn.value);
       const hi = maxIn.value === '' ? Infinity : Number(maxIn.value);
       const index = new Map(data.rollouts.map((r, i) => [r.rollout_id, i]));
       const keep = data.rollouts.filter((r) => (statusSel.value === 'all' || r.status === statusSel.value)
+        && hasParse(r, parseSel.value)
         && ((minIn.value === '' && maxIn.value === '') || (isNum(r.reward) && r.reward >= lo && r.reward <= hi)));
       const sorted = keep.slice().sort((a, b) => sorters[sortSel.value](a, b) || index.get(a.rollout_id) - index.get(b.rollout_id));
       const shown = h('p', { class: 'muted', id: 'shown' }, `${keep.length} of ${data.rollouts.length} rollouts`);
@@ -339,7 +363,7 @@
       }
       listBox.replaceChildren(shown, ...boxes);
     };
-    for (const el of [statusSel, sortSel, groupBox]) el.addEventListener('change', draw);
+    for (const el of [statusSel, parseSel, sortSel, groupBox]) el.addEventListener('change', draw);
     for (const el of [minIn, maxIn]) el.addEventListener('input', draw);
     draw();
     const summary = h('div', { class: 'cards' },
@@ -351,7 +375,7 @@
       navLinks,
       data.partial ? h('p', { class: 'note' }, 'This trace file is cut short (still being copied, or damaged): the rollouts before the cut are shown.') : null,
       summary,
-      h('div', { class: 'controls' }, h('label', {}, 'status '), statusSel, h('label', {}, 'reward from '), minIn, h('label', {}, 'to '), maxIn, h('label', {}, 'sort '), sortSel, h('label', {}, groupBox, ' group by prompt')),
+      h('div', { class: 'controls' }, h('label', {}, 'status '), statusSel, parseSeen.length ? [h('label', {}, 'tool-call parse '), parseSel] : null, h('label', {}, 'reward from '), minIn, h('label', {}, 'to '), maxIn, h('label', {}, 'sort '), sortSel, h('label', {}, groupBox, ' group by prompt')),
       listBox);
   }
 
@@ -361,11 +385,13 @@
       const role = String(m.role || '?');
       const head = h('div', { class: 'role' }, role);
       if (node.turn !== null && node.turn !== undefined) head.append(h('span', { class: 'badge info' }, `turn ${node.turn + 1}`), h('span', { class: 'badge' }, `weights v${node.weight_version}`), h('span', { class: 'badge' }, String(node.finish_reason)));
+      if (node.parse) head.append(parseBadge(node.parse, node.parse_detail, 'parse: ' + node.parse));
       if (m.name) head.append(h('span', { class: 'mono' }, String(m.name)));
       if (m.tool_call_id) head.append(h('span', { class: 'mono muted' }, String(m.tool_call_id)));
       const box = h('div', { class: 'msg ' + role.replace(/[^a-z]/g, ''), 'data-role': role }, head);
       const thought = m.reasoning_content || m.reasoning;
       if (thought) box.appendChild(h('details', { class: 'reasoning', open: true }, h('summary', {}, 'reasoning'), h('pre', {}, jsonText(thought))));
+      if (node.parse_detail) box.appendChild(h('p', { class: 'note parse-detail' }, `tool call ${node.parse}: ${node.parse_detail}`));
       const content = m.content;
       if (content !== null && content !== undefined && content !== '') box.appendChild(h('pre', { class: 'content' }, jsonText(content)));
       for (const call of m.tool_calls || []) {
@@ -400,6 +426,7 @@
     const head = h('div', { class: 'rowhead' }, h('strong', {}, `row ${row.row_index}`),
       h('span', { class: 'muted' }, `${fmtInt(n)} tokens · ${fmtInt(trained)} trained · prompt ${fmtInt(row.prompt_length)}`),
       row.turns.map(([s, e, fin, v], k) => h('span', { class: 'badge info' }, `turn ${k + 1}: ${s}–${e} · v${v} · ${fin}`)),
+      (row.parse || []).map((p, k) => (p ? parseBadge(p.status, p.detail, `turn ${k + 1} parse: ${p.status}`) : null)),
       row.metadata && row.metadata.truncated ? h('span', { class: 'badge bad' }, 'truncated') : null);
     const buckets = Math.min(n, 1200);
     const strip = h('svg:svg', { class: 'strip', viewBox: `0 0 ${Math.max(1, buckets)} 10`, preserveAspectRatio: 'none' });
