@@ -194,43 +194,6 @@ def test_cli_evaluates_an_openai_compatible_endpoint(tmp_path: Path) -> None:
     assert RunData(tmp_path).rollout("eval", 0, stored[0]["rollout_id"])["rows"] == []
 
 
-def test_the_endpoint_key_is_sent_only_over_https_or_loopback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``python -m core.eval`` handed ``$eval.api_key_env`` to the agent for any
-    ``eval.endpoint``, plain http included (issue #29): the judge's rule applies, refused
-    before anything is written; ``eval.allow_plain_http=true`` opts in. Past the check the
-    runner is a stand-in that stops the run (what follows needs a reachable endpoint)."""
-    import core.eval.cli as cli
-
-    async def past_the_check(*_: Any) -> Any:
-        raise RuntimeError("past the check")
-
-    monkeypatch.setattr(cli, "_endpoint_runner", past_the_check)
-    monkeypatch.setenv("MY_KEY", "sk-secret")
-    out = tmp_path / "out"
-
-    def evaluate(endpoint: str, *extra: str) -> None:
-        cfg, plugins = _cfg(tmp_path, f"eval.endpoint={endpoint}", "eval.model=m", "eval.api_key_env=MY_KEY",
-                            f"eval.output_dir={out}", "eval.progress=false", *extra)
-        asyncio.run(evaluate_config(cfg, plugins))
-
-    for far in ("http://10.0.0.5:8000/v1", "http://api.example.com/v1"):
-        with pytest.raises(ConfigError, match=r"eval.endpoint=.* is plain http to .*not loopback: the key in "
-                                              r"\$MY_KEY would cross the network in clear text.*https.*"
-                                              r"eval.allow_plain_http=true"):
-            evaluate(far)
-        assert not out.exists()  # refused before anything is written or started
-    for fine in ("https://api.example.com/v1", "http://127.0.0.1:9/v1", "http://localhost:9/v1"):
-        with pytest.raises(RuntimeError, match="past the check"):
-            evaluate(fine)
-    with pytest.raises(RuntimeError, match="past the check"):
-        evaluate("http://10.0.0.5:8000/v1", "eval.allow_plain_http=true")  # opted in
-    monkeypatch.delenv("MY_KEY")
-    with pytest.raises(RuntimeError, match="past the check"):
-        evaluate("http://10.0.0.5:8000/v1")  # no key, nothing to leak
-    with pytest.raises(ConfigError, match=r"eval.endpoint='ftp://x/v1' must be an http\(s\) URL"):
-        evaluate("ftp://x/v1")
-
-
 def test_endpoint_rollouts_meet_the_reward_bound_of_classify() -> None:
     """``EndpointRunner`` checks a result with ``classify`` (the in-process runner's
     checks) instead of its own copy of the reward bound; with no gateway there are no

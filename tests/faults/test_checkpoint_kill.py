@@ -1,4 +1,5 @@
-"""``kill -9`` of the trainer process while it writes a checkpoint, then resume.
+"""``kill -9`` of the trainer process while it writes a checkpoint, then resume; and a
+newest checkpoint whose backend files are empty, torn or missing (issue #29).
 
 A run in a subprocess (``ckpt_run.py``: ``Trainer``, fake backend, real gateway
 and agent process) saves every 2 steps; its backend's save for step 4 stalls after
@@ -22,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from core.agent._reap import descendants
+from core.rundir import checkpoint as ckpt
 from core.rundir.checkpoint import STATE_FILE, latest_checkpoint
 from core.rundir.metrics import read_metrics
 from tests.faults.harness import HERE, fault_config, fault_overrides, run_loop
-
-pytestmark = pytest.mark.integration
+from tests.rundir.test_run_dir import _save_with_backend
 
 STEPS = ("trainer.max_steps=5", "trainer.save_every=2")
 
@@ -69,6 +70,7 @@ def _kill_during_checkpoint(tmp: Path) -> None:
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_kill_during_checkpoint_then_resume_from_the_last_complete_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,3 +106,27 @@ def test_kill_during_checkpoint_then_resume_from_the_last_complete_one(
     train_curve = report.split('<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="')[1]
     assert len(train_curve.split('"')[0].split()) == 5
     assert "<td>steps</td><td>5</td>" in report
+
+
+@pytest.mark.parametrize("damage", ["empty", "torn", "missing", "empty, written before sizes were recorded"])
+def test_resume_falls_back_past_a_checkpoint_whose_backend_state_is_empty_or_torn(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#29: an empty state.pt in the newest checkpoint crashed resume with EOFError."""
+    _save_with_backend(tmp_path, 2)
+    newest = _save_with_backend(tmp_path, 4)
+    state_pt = newest / "backend" / "state.pt"
+    if damage == "torn":
+        state_pt.write_bytes(b"weights" * 50)
+    elif damage == "missing":
+        state_pt.unlink()
+    else:
+        state_pt.write_bytes(b"")
+    if damage.startswith("empty, written before"):
+        state = json.loads((newest / "trainer_state.json").read_text())
+        del state[ckpt.BACKEND_FILES]
+        (newest / "trainer_state.json").write_text(json.dumps(state))
+    found = latest_checkpoint(tmp_path)
+    assert found is not None and found.step == 2
+    err = capsys.readouterr().err
+    assert "skipping checkpoint" in err and "step_000004" in err and "state.pt" in err

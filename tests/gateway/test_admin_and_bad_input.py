@@ -67,22 +67,6 @@ def test_admin_posts_a_late_reward(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw", [b'{"reward": true}', b'{"reward": "0.5"}', b'{"reward": NaN}', b'{"reward": Infinity}',
-            b'{"reward": -Infinity}', b'{"reward": 1e400}', b'{"reward": [0.5]}'],
-)
-def test_a_late_reward_must_be_a_finite_json_number(harness: Harness, raw: bytes) -> None:
-    """``true`` and ``"0.5"`` were taken as 1.0 and 0.5 (issue #29); non-finite values never train."""
-    h = harness
-    h.call(h.gw.late_rewards.expect, "r1")
-    url = h.server.root_url + "/admin/rollouts/r1/reward"
-    bad = httpx.post(url, headers={**_admin(h), "content-type": "application/json"}, content=raw)
-    assert bad.status_code == 400, (raw, bad.text)
-    assert "invalid reward at 'reward'" in bad.text and 'send {\\"reward\\": <number>}' in bad.text
-    assert h.gw.late_rewards._posted == {}
-    assert httpx.post(url, headers=_admin(h), json={"reward": 1}).status_code == 200  # an integer is a number
-
-
-@pytest.mark.parametrize(
     ("headers", "status"),
     [({}, 401), ({"authorization": "Bearer wrong"}, 403), ({"x-admin-token": "wrong"}, 403)],
 )

@@ -527,41 +527,6 @@ def test_connections_without_complete_headers_are_closed(make_harness: Any, sent
     assert any("gateway.header_read_timeout_s" in line for line in log), log
 
 
-def test_half_sent_headers_on_hundreds_of_connections_do_not_turn_agents_away(make_harness: Any) -> None:
-    """#29: half-sent headers on 2,100 connections, with no credentials, turned every agent
-    request into a 503 (they filled ``max_connections``). Connections still sending headers
-    no longer count toward the cap, and one address keeps at most
-    ``max_pending_headers_per_client`` of them past a second."""
-    h = make_harness(
-        GatewayConfig(max_connections=64, max_pending_headers_per_client=16, header_read_timeout_s=30)
-    )
-    sid = h.session()
-    half = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-    slow: list[socket.socket] = []
-    try:
-        with gateway_log() as log:
-            for _ in range(300):
-                sock = socket.create_connection(("127.0.0.1", h.server.port), timeout=10)
-                sock.sendall(half)
-                slow.append(sock)
-            time.sleep(1.5)  # older than the grace a burst of agent connections gets
-            h.push("ok")
-            t0 = time.perf_counter()
-            r = _post(h, "/v1/chat/completions", sid, _chat(), timeout=20)
-            assert r.status_code == 200, r.text
-            assert time.perf_counter() - t0 < 5
-        assert any("gateway.max_pending_headers_per_client" in line for line in log), log[:3]
-        server = h.server._server
-        assert server is not None
-        deadline = time.perf_counter() + 5
-        while len(server.server_state.connections) > 16 + 2 and time.perf_counter() < deadline:
-            time.sleep(0.05)
-        assert len(server.server_state.connections) <= 16 + 2  # the rest were closed
-    finally:
-        for sock in slow:
-            sock.close()
-
-
 def test_idle_keep_alive_connections_are_closed(make_harness: Any) -> None:
     h = make_harness(GatewayConfig(keep_alive_timeout_s=1))
     with socket.create_connection(("127.0.0.1", h.server.port), timeout=10) as sock:

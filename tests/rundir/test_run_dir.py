@@ -72,30 +72,6 @@ def _save_with_backend(run_dir: Path, step: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("damage", ["empty", "torn", "missing", "empty, written before sizes were recorded"])
-def test_resume_falls_back_past_a_checkpoint_whose_backend_state_is_empty_or_torn(
-    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """#29: an empty state.pt in the newest checkpoint crashed resume with EOFError."""
-    _save_with_backend(tmp_path, 2)
-    newest = _save_with_backend(tmp_path, 4)
-    state_pt = newest / "backend" / "state.pt"
-    if damage == "torn":
-        state_pt.write_bytes(b"weights" * 50)
-    elif damage == "missing":
-        state_pt.unlink()
-    else:
-        state_pt.write_bytes(b"")
-    if damage.startswith("empty, written before"):
-        state = json.loads((newest / "trainer_state.json").read_text())
-        del state[ckpt.BACKEND_FILES]
-        (newest / "trainer_state.json").write_text(json.dumps(state))
-    found = latest_checkpoint(tmp_path)
-    assert found is not None and found.step == 2
-    err = capsys.readouterr().err
-    assert "skipping checkpoint" in err and "step_000004" in err and "state.pt" in err
-
-
 def test_backend_files_are_fsynced_and_sized_before_the_state_is_published(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
