@@ -28,7 +28,7 @@ from typing import Any
 from core.gateway.fields import short_repr
 from core.gateway.parsed_output import ParsedOutput, ToolParser
 from core.gateway.reasoning_parsers import ReasoningParser
-from core.gateway.strict import split_strict
+from core.gateway.strict import misfit_reason, split_strict
 from core.gateway.toolchoice import AUTO, ToolChoice, enforce
 from core.types import FinishReason, ParseStatus
 
@@ -178,8 +178,9 @@ def parse_status(
             names = ", ".join(short_repr(n) for n in dict.fromkeys(unknown))
             return ParseStatus.UNKNOWN_TOOL, f"called {names}, not among the tools offered"
         if len(fitting) < len(parsed.tool_calls):
-            names = ", ".join(short_repr(n) for n in dict.fromkeys(_misfits(parsed.tool_calls, fitting)))
-            return ParseStatus.SCHEMA_MISMATCH, f"arguments of {names} break the strict schema"
+            name, args = _misfits(parsed.tool_calls, fitting)[0]
+            why = misfit_reason(settings.strict, name, args)
+            return ParseStatus.SCHEMA_MISMATCH, f"arguments of {short_repr(name)} break its strict schema: {why}"
         return ParseStatus.CALLS, ""
     found = [m for m in fmt.call_markers if m in parsed.content]
     if found:
@@ -190,15 +191,15 @@ def parse_status(
     return ParseStatus.TEXT, ""
 
 
-def _misfits(calls: Sequence[tuple[str, Any]], fitting: Sequence[tuple[str, Any]]) -> list[str]:
-    """Names of ``calls`` not in ``fitting`` (an ordered subsequence of them)."""
-    out: list[str] = []
+def _misfits(calls: Sequence[tuple[str, Any]], fitting: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The ``calls`` not in ``fitting`` (an ordered subsequence of them)."""
+    out: list[tuple[str, Any]] = []
     at = 0
     for call in calls:
         if at < len(fitting) and fitting[at] == call:
             at += 1
         else:
-            out.append(call[0])
+            out.append(call)
     return out
 
 

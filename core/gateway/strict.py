@@ -1,7 +1,8 @@
 """Strict function tools: a call's arguments checked against its tool's schema after sampling.
 
-Defines ``strict_schemas`` (the strict tools of a request, by name) and
-``split_strict`` (the calls whose arguments fit, and how many did not).
+Defines ``strict_schemas`` (the strict tools of a request, by name),
+``split_strict`` (the calls whose arguments fit, and how many did not) and
+``misfit_reason`` (why a call did not fit, for its turn's parse status).
 
 Why after sampling: ``strict: true`` asks that a call's arguments match the
 tool's schema, which OpenAI guarantees by constrained decoding. The gateway's
@@ -29,7 +30,7 @@ from typing import Any
 from core.gateway.errors import bad_request
 from core.safe_regex import RegexError, compile_regex, search
 
-__all__ = ["strict_schemas", "split_strict"]
+__all__ = ["misfit_reason", "strict_schemas", "split_strict"]
 
 _CACHED = 64
 """Validators kept (agents resend the same tools every turn)."""
@@ -195,3 +196,20 @@ def split_strict(schemas: dict[str, Any] | None, calls: list[tuple[str, Any]]) -
                 continue
         kept.append((name, args))
     return kept, len(calls) - len(kept)
+
+
+def misfit_reason(schemas: dict[str, Any] | None, name: str, args: Any) -> str:
+    """Why ``args`` break the strict schema of tool ``name``: the validator's first error,
+    or what kept them from being checked. '' when they fit (or the tool is not strict)."""
+    if not schemas or name not in schemas:
+        return ""
+    validator = _validator(schemas[name])
+    if validator is None:
+        return "its schema is not valid JSON Schema, so no arguments fit it"
+    if not isinstance(args, dict):
+        return "the arguments are not a JSON object"
+    try:
+        error = next(iter(validator.iter_errors(args)), None)
+    except Exception as exc:  # an unresolvable $ref, a deep value: not shown to fit
+        return f"the arguments could not be checked ({type(exc).__name__})"
+    return "" if error is None else str(error.message)

@@ -45,7 +45,8 @@ CASES: list[tuple[str, list[Any] | None, ParseStatus, str]] = [
     (hermes("abacus", {"expression": "2+2"}), [CALC_TOOL], ParseStatus.UNKNOWN_TOOL, "'abacus'"),
     ('<tool_call>\n{"name": "calculator", "arguments": {expression: 2+2}}\n</tool_call>', [CALC_TOOL],
      ParseStatus.BAD_JSON, "not JSON"),
-    (hermes("add", {"a": 2, "b": "two"}), [STRICT_TOOL], ParseStatus.SCHEMA_MISMATCH, "'add'"),
+    (hermes("add", {"a": 2, "b": "two"}), [STRICT_TOOL], ParseStatus.SCHEMA_MISMATCH,
+     "arguments of 'add' break its strict schema: 'two' is not of type 'integer'"),
     ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}', [CALC_TOOL],
      ParseStatus.MARKUP_NO_CALL, "unterminated"),
 ]
@@ -143,3 +144,15 @@ def test_a_turn_with_segments_and_a_parse_status_keeps_both() -> None:
     assert stored == [3, 9, "stop", 1, [[3, 5, 1], [5, 9, 2]], {"parse": "calls"}]
     assert decode_turn(stored) == span
     assert decode_turn(stored[:5]) == TurnSpan(3, 9, FinishReason.STOP, 1, span.segments)
+
+
+def test_a_schema_mismatch_says_what_broke_the_schema() -> None:
+    from core.gateway.strict import misfit_reason, strict_schemas
+
+    schemas = strict_schemas([STRICT_TOOL])
+    assert misfit_reason(schemas, "add", {"a": 1, "b": 2}) == ""
+    assert misfit_reason(schemas, "add", {"a": 1}) == "'b' is a required property"
+    assert misfit_reason(schemas, "add", "1, 2") == "the arguments are not a JSON object"
+    assert misfit_reason(schemas, "calculator", {}) == ""  # not a strict tool
+    broken = strict_schemas([{"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": 12}}}])
+    assert "not valid JSON Schema" in misfit_reason(broken, "f", {})
