@@ -156,3 +156,24 @@ def test_a_schema_mismatch_says_what_broke_the_schema() -> None:
     assert misfit_reason(schemas, "calculator", {}) == ""  # not a strict tool
     broken = strict_schemas([{"type": "function", "function": {"name": "f", "strict": True, "parameters": {"type": 12}}}])
     assert "not valid JSON Schema" in misfit_reason(broken, "f", {})
+
+
+def test_streamed_and_anthropic_turns_get_the_same_statuses(harness: Harness) -> None:
+    """The status is read once per turn whatever the dialect: an OpenAI stream whose call is
+    bad JSON, an Anthropic Messages call, an Anthropic stream with a call to an unknown tool."""
+    h = harness
+    bad = '<tool_call>\n{"name": "calculator", "arguments": {expression}}\n</tool_call>'
+    h.push(bad, hermes("calculator", {"expression": "1+1"}), hermes("abacus", {}))
+    sid = h.session(sampling=SamplingParams(max_tokens=256))
+    stream = h.openai(sid).chat.completions.create(
+        model="tiny", messages=USER, tools=[CALC_TOOL], stream=True  # type: ignore[list-item]
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == bad
+    anth_tool: Any = {"name": "calculator", "input_schema": CALC_TOOL["function"]["parameters"]}
+    client = h.anthropic(sid)
+    msg = client.messages.create(model="tiny", max_tokens=256, messages=USER, tools=[anth_tool])  # type: ignore[arg-type]
+    assert [b.type for b in msg.content] == ["tool_use"]
+    with client.messages.stream(model="tiny", max_tokens=256, messages=USER, tools=[anth_tool]) as events:  # type: ignore[arg-type]
+        final = events.get_final_message()
+    assert [b.name for b in final.content if b.type == "tool_use"] == ["abacus"]
+    assert [t.parse for t in h.gw.session(sid).turns] == [ParseStatus.BAD_JSON, ParseStatus.CALLS, ParseStatus.UNKNOWN_TOOL]
