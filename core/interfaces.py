@@ -107,6 +107,10 @@ class TrainingBackend(Protocol):
     weights into directory ``path`` in Hugging Face layout (``config.json`` +
     safetensors) for vLLM/SGLang servers to load; a backend with it can train
     with ``sampler=vllm|sglang`` (``core.trainer.fleet``), one without is refused.
+    Optional: ``async def forward(datums, loss_fn, loss_config) -> ForwardBackwardResult``
+    returns the trainer's logprobs as ``forward_backward`` computes them, without a
+    gradient (Tinker's ``forward``); with it the fleet's logprob probe
+    (``core.trainer.probe``) checks that the servers report the trainer's logprobs.
     """
 
     name: str

@@ -162,6 +162,20 @@ class WrongWeights(SamplerError):
     """A server answered from weights other than the pushed ones (it was marked ``needs_weights``)."""
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One request as ``_post`` sends it (and sends again after a connection error)."""
+
+    path: str
+    content: bytes
+    headers: dict[str, str]
+    key: str
+    """Routing key (``affinity_key``)."""
+    rid: str
+    only: ServerState | None
+    """Send to this server only (no routing, no other server on retry)."""
+
+
 @functools.cache
 def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
@@ -298,25 +312,39 @@ class HttpSampler:
             SamplerError: no server reachable after the retries, an HTTP error
                 answer, a hang past ``request_timeout_s``, or a malformed answer.
         """
-        if self._closed:
-            raise SamplerError(f"the {self.protocol} sampler is closed; build a new one")
         if len(prompt_token_ids) == 0:
             raise SamplerError(
                 f"session {session_id[:10]!r}: the prompt is empty; send at least one token"
             )
+        return await self._sample(prompt_token_ids, params, affinity_key(session_id), None)
+
+    async def sample_on(
+        self, server: ServerState, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> SampleResult:
+        """Generate on ``server`` itself, whatever the routing (the fleet's logprob probe).
+
+        Raises:
+            SamplerError: as ``sample``.
+        """
+        return await self._sample(prompt_token_ids, params, affinity_key(server.url), server)
+
+    async def _sample(
+        self, prompt: Sequence[int], params: SamplingParams, key: str, only: ServerState | None
+    ) -> SampleResult:
+        if self._closed:
+            raise SamplerError(f"the {self.protocol} sampler is closed; build a new one")
         rid = "tracerl-" + secrets.token_hex(12)
         version = self.weight_version
-        path, body = self._request(prompt_token_ids, params, rid)
-        # Encoded now: the gateway may append to prompt_token_ids once we return.
-        content = json.dumps(body, separators=(",", ":")).encode()
-        del body
-        key = affinity_key(session_id)
+        path, body = self._request(prompt, params, rid)
         headers = dict(self._base_headers)
         if self.config.affinity_header and self.affinity_header_name:
             headers[self.affinity_header_name] = key
+        # Encoded now: the gateway may append to the prompt once we return.
+        call = _Call(path, json.dumps(body, separators=(",", ":")).encode(), headers, key, rid, only)
+        del body
         wrong: WrongWeights | None = None
-        for _ in range(max(1, len(self.pool.servers))):
-            resp, server = await self._post(path, content, headers, key, rid)
+        for _ in range(1 if only is not None else max(1, len(self.pool.servers))):
+            resp, server = await self._post(call)
             if not 200 <= resp.status_code < 300:
                 raise self._http_error(server, path, resp)
             try:
@@ -334,9 +362,8 @@ class HttpSampler:
         assert wrong is not None
         raise wrong
 
-    async def _post(
-        self, path: str, content: bytes, headers: dict[str, str], key: str, rid: str
-    ) -> tuple[httpx.Response, ServerState]:
+    async def _post(self, call: _Call) -> tuple[httpx.Response, ServerState]:
+        path, content, headers, key, rid = call.path, call.content, call.headers, call.key, call.rid
         client = self._http()
         self.pool.ensure_health_checks(client)
         cfg = self.config
@@ -344,7 +371,7 @@ class HttpSampler:
         tried: set[str] = set()
         errors: list[str] = []
         for _ in range(attempts):
-            server = self.pool.pick(key, avoid=tried)
+            server = call.only if call.only is not None else self.pool.pick(key, avoid=tried)
             if server.url in tried and cfg.retry_backoff_s:
                 # Every server was tried: back off before knocking again.
                 await asyncio.sleep(

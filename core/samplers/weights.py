@@ -167,7 +167,7 @@ class WeightPusher:
             reason = str(result) or type(result).__name__
             if isinstance(result, httpx.HTTPError):
                 reason = f"{type(result).__name__}: {reason}"
-            self._retire(server, reason, version)
+            self.retire(server, reason, version)
             report.retired[server.url] = reason
         report.seconds = loop.time() - t0
         if not report.updated:
@@ -202,7 +202,7 @@ class WeightPusher:
                 self.sampler.pool.mark_down(server, f"{type(exc).__name__}: {exc}")
                 return False
             except (_PushFailed, httpx.HTTPError) as exc:
-                self._retire(server, f"re-push on coming back failed: {exc}", version)
+                self.retire(server, f"re-push on coming back failed: {exc}", version)
                 return False
             self.readmitted += 1
             print(
@@ -212,12 +212,13 @@ class WeightPusher:
             )
             return True
 
-    def _retire(self, server: ServerState, reason: str, version: int) -> None:
+    def retire(self, server: ServerState, reason: str, version: int, *, what: str = "the weight update to") -> None:
+        """Take ``server`` out of rotation for good, saying why on stderr (``what`` it failed)."""
         self.retired[server.url] = reason
-        self.sampler.pool.retire(server, f"weight update to version {version} failed: {reason}")
+        self.sampler.pool.retire(server, f"{what} version {version} failed: {reason}")
         left = len(self.sampler.pool.servers)
         print(
-            f"warning: {self.sampler.protocol} server {server.url} failed the weight update to "
+            f"warning: {self.sampler.protocol} server {server.url} failed {what} "
             f"version {version} and is out of rotation ({reason}); {left} server(s) left",
             file=sys.stderr,
         )

@@ -10,7 +10,11 @@ Defines:
 - ``Fleet``: the HTTP sampler and its ``WeightPusher``. ``Fleet.push`` writes the
   backend's weights into ``sampler.weights_dir/v<version>`` with the backend's
   ``export_weights`` and loads them into every server; the loop rebinds the
-  gateway only after it returns (every server reported the version).
+  gateway only after it returns (every server reported the version). Then the
+  logprob probe (``core.trainer.probe``) compares each server's logprobs with
+  the backend's on a fixed prompt; a server past ``sampler.logprob_tolerance``
+  is retired, and with none left the run stops.
+- ``FleetProbe``: what the probe samples and scores with (the loss's settings).
 - ``build_fleet``: the ``Fleet`` for a run, None for ``sampler=backend``, or a
   ``ConfigError`` naming what to use when the backend cannot write weights to disk.
 """
@@ -18,19 +22,23 @@ Defines:
 from __future__ import annotations
 
 import shutil
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import ConfigError
+from core.errors import ConfigError, RunAborted
 from core.samplers.factory import build_http_sampler
 from core.samplers.http_sampler import HttpSampler, HttpSamplerConfig
 from core.samplers.weights import PushReport, WeightPusher
+from core.trainer.overrides import loss_sampling
+from core.trainer.probe import ProbeResult, check_unnormalised, probe_server
+from core.types import SamplingParams
 
-__all__ = ["FLEET_KINDS", "SAMPLER_CHOICES", "Fleet", "SamplerConfig", "build_fleet"]
+__all__ = ["FLEET_KINDS", "SAMPLER_CHOICES", "Fleet", "FleetProbe", "SamplerConfig", "build_fleet"]
 
 FLEET_KINDS = ("vllm", "sglang")
 SAMPLER_CHOICES = ("backend", *FLEET_KINDS)
@@ -59,6 +67,30 @@ class SamplerConfig(HttpSamplerConfig):
     load from disk and version check."""
     keep_weights: int = 1
     """Pushed weight directories kept on disk (the newest); older ones are deleted."""
+    logprob_probe: bool = True
+    """At start-up and after each push, compare every server's logprobs on a fixed prompt
+    with the backend's own (its ``forward``) and retire a server past ``logprob_tolerance``."""
+    logprob_tolerance: float = 0.1
+    """Largest mean |server - trainer| logprob per probe token (nats) a server may show.
+    bf16 engines differ from the trainer by a few hundredths; a temperature the engine
+    does not apply to its reported logprobs differs by tenths or more."""
+    processed_logprobs: bool = False
+    """Declare that the servers report the logprobs of the distribution they sample from
+    (vLLM started with ``--logprobs-mode processed_logprobs``). Without it, a training
+    temperature other than 1 (vLLM) or a top-p/top-k (both engines) is refused, since the
+    engine reports those logprobs unnormalised; the probe checks the claim."""
+
+
+@dataclass(frozen=True)
+class FleetProbe:
+    """What the logprob probe samples with and how the backend scores it."""
+
+    loss_fn: str
+    """``algorithm.loss``."""
+    loss_config: dict[str, float] = field(default_factory=dict)
+    """The ``loss_config`` the loop trains with (its ``temperature``, ``top_p``, ``top_k``)."""
+    params: SamplingParams = field(default_factory=SamplingParams)
+    """The settings the loop's sessions sample with."""
 
 
 def sampler_config(node: Any) -> SamplerConfig:
@@ -78,13 +110,25 @@ def sampler_config(node: Any) -> SamplerConfig:
 class Fleet:
     """An HTTP sampler over the servers and the pusher that keeps their weights current."""
 
-    def __init__(self, config: SamplerConfig, run_dir: Path) -> None:
-        """Validate ``config`` (``ConfigError`` names the ``sampler.<field>``); nothing connects yet."""
+    def __init__(self, config: SamplerConfig, run_dir: Path, *, probe: FleetProbe | None = None) -> None:
+        """Validate ``config`` (``ConfigError`` names the ``sampler.<field>``); nothing connects yet.
+
+        ``probe``: the loss's settings for the logprob probe (None: no probe).
+        """
         if config.update_timeout_s <= 0:
             raise ConfigError(f"sampler.update_timeout_s must be > 0, got {config.update_timeout_s!r}")
         if config.keep_weights < 1:
             raise ConfigError(f"sampler.keep_weights must be >= 1, got {config.keep_weights!r}")
+        if not config.logprob_tolerance > 0:
+            raise ConfigError(
+                f"sampler.logprob_tolerance must be > 0, got {config.logprob_tolerance!r} "
+                "(sampler.logprob_probe=false turns the probe off)"
+            )
         self.config = config
+        self.probe = probe if config.logprob_probe else None
+        self.probed: list[ProbeResult] = []
+        """The last probe's results, one per server."""
+        self._warned_no_forward = False
         self.sampler: HttpSampler = build_http_sampler(config)
         self.pusher = WeightPusher(self.sampler, update_timeout_s=config.update_timeout_s)
         self.weights_dir = Path(config.weights_dir or run_dir / "sampler_weights").resolve()
@@ -102,11 +146,54 @@ class Fleet:
         version = int(backend.weight_version)
         path = await backend.export_weights(str(self.weights_dir / f"v{version:06d}"))
         report = await self.pusher.push(str(path), version)
+        if self.probe is not None:
+            await self._probe(backend, self.probe, report)
         report.seconds = time.perf_counter() - t0
         self._prune()
         self.last = report
         self._unreported_s += report.seconds
         return report
+
+    async def _probe(self, backend: Any, probe: FleetProbe, report: PushReport) -> None:
+        """Compare each updated server's logprobs with the backend's; retire those past the
+        tolerance (``RunAborted`` when none is left)."""
+        if not callable(getattr(backend, "forward", None)):
+            if not self._warned_no_forward:
+                self._warned_no_forward = True
+                print(
+                    f"warning: backend {getattr(backend, 'name', '?')!r} has no forward(datums, loss_fn, "
+                    "loss_config): the fleet's logprobs cannot be compared with the trainer's "
+                    "(sampler.logprob_probe); watch train/logprob_diff_max",
+                    file=sys.stderr,
+                )
+            return
+        pool = self.sampler.pool
+        tolerance = self.config.logprob_tolerance
+        self.probed = []
+        loss = (probe.loss_fn, probe.loss_config)
+        for server in [s for s in pool.servers if s.url in report.updated]:
+            result = await probe_server(self.sampler, server, backend, loss, probe.params)
+            self.probed.append(result)
+            if result.mean_abs_diff <= tolerance:
+                continue
+            reason = (
+                f"its logprobs differ from the trainer's by {result.mean_abs_diff:.3f} per token on "
+                f"average (max {result.max_abs_diff:.3f}, {result.tokens} tokens) > "
+                f"sampler.logprob_tolerance={tolerance:g}"
+            )
+            self.pusher.retire(server, reason, report.version, what="the logprob probe at")
+            report.retired[server.url] = reason
+            report.updated.remove(server.url)
+        if not report.updated:
+            p = probe.params
+            raise RunAborted(
+                f"no inference server reports the trainer's logprobs at temperature={p.temperature!r}, "
+                f"top_p={p.top_p!r}, top_k={p.top_k!r} "
+                f"({'; '.join(f'{u}: {r}' for u, r in report.retired.items())}). Check that the servers "
+                "serve the trained model in the trainer's dtype and report the logprobs of the "
+                "distribution they sample from (vLLM: --logprobs-mode processed_logprobs), or sample at "
+                "temperature 1 without top-k/top-p (docs/samplers.md)"
+            )
 
     def _prune(self) -> None:
         pushed = sorted(p for p in self.weights_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit())
@@ -117,11 +204,14 @@ class Fleet:
         """Per-step keys: servers in rotation, retired so far, time spent pushing since the
         last call (0 on a step that pushed nothing, not the previous push's time again)."""
         pushed, self._unreported_s = self._unreported_s, 0.0
-        return {
+        out: dict[str, Any] = {
             "sampler/servers": len(self.sampler.pool.servers),
             "sampler/retired": len(self.sampler.pool.retired),
             "time/weight_push": pushed,
         }
+        if self.probe is not None:
+            out["sampler/probe_logprob_diff"] = max((r.mean_abs_diff for r in self.probed), default=0.0)
+        return out
 
     async def aclose(self) -> None:
         await self.sampler.aclose()
@@ -149,4 +239,20 @@ def build_fleet(cfg: DictConfig, backend: Any, run_dir: Path) -> Fleet | None:
             f"Use sampler=backend with backend={name}, or backend=local to train with a {config.kind} fleet "
             "(docs/samplers.md)"
         )
-    return Fleet(config, run_dir)
+    algo = cfg.get("algorithm") or {}
+    sampling = loss_sampling(
+        _Algo(float(algo.get("temperature", 1.0)), dict(algo.get("loss_config") or {}))
+    )
+    params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    check_unnormalised(config.kind, params, processed_logprobs=config.processed_logprobs)
+    loss_config = {**dict(algo.get("loss_config") or {}), "temperature": sampling.temperature}
+    probe = FleetProbe(str(algo.get("loss", "ppo")), loss_config, params)
+    return Fleet(config, run_dir, probe=probe)
+
+
+@dataclass(frozen=True)
+class _Algo:
+    """The ``algorithm`` fields ``loss_sampling`` reads."""
+
+    temperature: float
+    loss_config: dict[str, Any]

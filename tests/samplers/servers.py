@@ -19,6 +19,11 @@
   ``meta_info.weight_version`` as a string, ``"default"`` for its launch
   weights; and ``restart()``, after which it serves its launch weights again.
   Each generate request records the weights it was served with.
+
+  With ``upstream`` (a real local inference server) and ``raw_logprobs_from`` (the
+  backend behind it) it stands in for vLLM in its default ``raw_logprobs`` mode:
+  tokens sampled upstream at the requested settings, logprobs reported as the
+  raw model's (temperature 1, no top-k/top-p) for those tokens.
 """
 
 from __future__ import annotations
@@ -154,6 +159,10 @@ class StandIn:
     """Running requests preempted by ``reset_running_requests=true``."""
     served_with: list[str] = field(default_factory=list)
     """``weights`` each generate request was answered with."""
+    upstream: str = ""
+    """Forward vLLM generate requests to this server (see the module docstring)."""
+    raw_logprobs_from: Any = None
+    """The backend that scores the upstream's tokens as the raw model (its ``forward``)."""
     _reload_path: str = ""
 
     def restart(self) -> None:
@@ -170,6 +179,24 @@ class StandIn:
             if h.path in ("/generate", "/inference/v1/generate", "/v1/completions")
         ]
 
+    async def _raw_logprobs(self, path: str, body: dict[str, Any]) -> Response:
+        import httpx
+
+        from core.types import Datum
+
+        async with httpx.AsyncClient(timeout=60) as client:
+            answer = (await client.post(self.upstream + path, json=body)).json()
+        choice = answer["choices"][0]
+        prompt, ids = list(body["token_ids"]), list(choice["token_ids"])
+        if ids:
+            seq = prompt + ids
+            datum = Datum(model_input=seq[:-1], target_tokens=seq[1:], logprobs=[0.0] * (len(seq) - 1),
+                          advantages=[0.0] * (len(seq) - 1), weights=[1.0] * (len(seq) - 1))
+            scored = await self.raw_logprobs_from.forward([datum], "importance_sampling", {"temperature": 1.0})
+            raw = scored.logprobs[0][-len(ids) :]
+            choice["logprobs"] = {"content": [{"logprob": lp} for lp in raw]}
+        return JSONResponse(answer)
+
     def app(self) -> Starlette:
         async def generate(request: Request) -> Response:
             body = await request.json()
@@ -184,6 +211,8 @@ class StandIn:
             finally:
                 self.running -= 1
             self.served_with.append(self.weights)
+            if self.upstream:
+                return await self._raw_logprobs(request.url.path, body)
             if self.mode == "http500":
                 return JSONResponse(
                     {"error": {"message": "CUDA error: device-side assert"}}, status_code=500

@@ -28,7 +28,7 @@ from tracerl_local.learning_rate import warn_about_learning_rate
 from tracerl_local.losses import parse_loss_config
 from tracerl_local.model import cache_argument, enable_checkpointing, load_model, model_forward
 from tracerl_local.sampler import LocalSampler
-from tracerl_local.training import TrainShape, check_datums, forward_backward_sync
+from tracerl_local.training import TrainShape, check_datums, forward_backward_sync, trainer_logprobs
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -245,6 +245,41 @@ class LocalBackend:
                 raise
             except Exception as exc:
                 raise TrainingError(f"local forward_backward failed: {exc!r}") from exc
+
+    async def forward(
+        self,
+        datums: Sequence[Datum],
+        loss_fn: LossName,
+        loss_config: dict[str, float] | None = None,
+    ) -> ForwardBackwardResult:
+        """The trainer's logprobs of each datum's targets, as ``forward_backward`` computes
+        them (same ``loss_config`` sampling settings), without a gradient (Tinker's
+        ``forward``). Core's fleet probe compares them with an inference server's.
+
+        Raises:
+            ConfigError: unknown loss or key, or datums the model cannot read.
+            TrainingError: the backend is closed or the forward failed.
+        """
+        self._check_open()
+        settings = parse_loss_config(loss_fn, loss_config)
+        check_datums(datums, len(self._tokenizer), self._max_positions)
+
+        def score() -> list[list[float]]:
+            device = next(self._model.parameters()).device
+            # The arithmetic forward_backward uses (bf16 under backend.train_bf16_autocast).
+            autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.config.train_bf16_autocast)
+            with torch.no_grad(), autocast:
+                logp = trainer_logprobs(
+                    self._model, list(datums), settings, int(self._tokenizer.pad_token_id), self._cache_arg
+                )
+            return [logp[i, : len(d.model_input)].float().cpu().tolist() for i, d in enumerate(datums)]
+
+        async with self._lock:
+            try:
+                per_datum = await asyncio.to_thread(score)
+            except Exception as exc:
+                raise TrainingError(f"local forward failed: {exc!r}") from exc
+        return ForwardBackwardResult(metrics={}, logprobs=per_datum)
 
     def _ensure_optimizer(self, params: AdamParams) -> torch.optim.Optimizer:
         if self._optimizer is None:
