@@ -201,12 +201,16 @@ class Fleet:
             shutil.rmtree(old, ignore_errors=True)
 
     def metrics(self) -> dict[str, Any]:
-        """Per-step keys: servers in rotation, retired so far, time spent pushing since the
-        last call (0 on a step that pushed nothing, not the previous push's time again)."""
+        """Per-step keys: servers in rotation, retired so far, waiting for the current weights
+        (back from unhealthy or restarted), time spent pushing since the last call (0 on a
+        step that pushed nothing, not the previous push's time again), and with the probe
+        the largest server's mean logprob difference."""
         pushed, self._unreported_s = self._unreported_s, 0.0
+        pool = self.sampler.pool
         out: dict[str, Any] = {
-            "sampler/servers": len(self.sampler.pool.servers),
-            "sampler/retired": len(self.sampler.pool.retired),
+            "sampler/servers": len(pool.servers),
+            "sampler/retired": len(pool.retired),
+            "sampler/waiting_for_weights": sum(s.needs_weights for s in pool.servers),
             "time/weight_push": pushed,
         }
         if self.probe is not None:
