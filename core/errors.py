@@ -9,6 +9,7 @@ nothing of tracerl::
     │   └── BackendNotFoundError (LookupError)  backend=<name> is not installed
     ├── PluginError (RuntimeError)        a plugin failed to load or register
     ├── SamplerError (RuntimeError)       the sampling backend failed
+    │   └── ContextLengthError            the prompt does not fit the model's context
     ├── TrainingError (RuntimeError)      a training primitive failed
     ├── RuntimeStartError (RuntimeError)  a rollout runtime could not start
     └── RunAborted (RuntimeError)         a guard stopped a training run
@@ -24,6 +25,7 @@ from __future__ import annotations
 __all__ = [
     "BackendNotFoundError",
     "ConfigError",
+    "ContextLengthError",
     "PluginError",
     "RunAborted",
     "RuntimeStartError",
@@ -65,6 +67,27 @@ class PluginError(TracerlError, RuntimeError):
 
 class SamplerError(TracerlError, RuntimeError):
     """The sampling backend failed to produce tokens."""
+
+
+class ContextLengthError(SamplerError):
+    """The prompt does not fit the model's context; the gateway answers it with a 400
+    ``context_length_exceeded`` (not a retryable sampler failure), naming ``setting``."""
+
+    def __init__(self, message: str, *, prompt_tokens: int = 0, context: int = 0, setting: str = "") -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        """Tokens in the refused prompt."""
+        self.context = context
+        """The model's context length."""
+        self.setting = setting
+        """Where the context length comes from, e.g. ``backend.tiny.max_position_embeddings``."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_context_length, (str(self), self.prompt_tokens, self.context, self.setting))
+
+
+def _rebuild_context_length(message: str, prompt_tokens: int, context: int, setting: str) -> ContextLengthError:
+    return ContextLengthError(message, prompt_tokens=prompt_tokens, context=context, setting=setting)
 
 
 class TrainingError(TracerlError, RuntimeError):

@@ -61,10 +61,7 @@ def _run(cfg: DictConfig, plugins: Plugins) -> int:
         return int(backend.run(cfg))
     from core.trainer import run_training
 
-    code = run_training(cfg, plugins)
-    if code == 0:
-        print(f"see what the agents did: python -m core.view {cfg.run_dir}", flush=True)
-    return code
+    return run_training(cfg, plugins)  # its last lines say where the run is and what next
 
 
 def main(argv: list[str] | None = None) -> int:

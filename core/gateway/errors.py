@@ -125,16 +125,27 @@ def request_timeout(message: str) -> GatewayError:
     return GatewayError(message, status=408, type="invalid_request_error", code="request_timeout")
 
 
-def context_length_exceeded(prompt_tokens: int, budget: int, *, at_least: bool = False) -> GatewayError:
-    """400 ``context_length_exceeded`` in OpenAI's wording (LiteLLM and agents key on it).
+GATEWAY_BUDGET = "gateway.max_context_tokens (or the budget the session was opened with)"
+"""Where the gateway's own context budget comes from, for ``context_length_exceeded``."""
+
+
+def context_length_exceeded(
+    prompt_tokens: int, budget: int, *, at_least: bool = False, setting: str = GATEWAY_BUDGET
+) -> GatewayError:
+    """400 ``context_length_exceeded`` in OpenAI's wording (LiteLLM and agents key on it),
+    then which setting holds the limit and what to change.
 
     ``at_least``: ``prompt_tokens`` is a lower bound (the prompt was refused
     from its length before it was tokenized, see ``ChatRenderer.min_tokens``).
+    ``setting``: where ``budget`` comes from (the gateway's budget, or the model's
+    context as the sampler names it).
     """
     counted = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
     return GatewayError(
         f"This model's maximum context length is {budget} tokens. However, your messages "
-        f"resulted in {counted} tokens. Please reduce the length of the messages.",
+        f"resulted in {counted} tokens. Please reduce the length of the messages. "
+        f"(tracerl: the limit of {budget} is {setting}; raise it, or shorten the agent's prompt "
+        "and history: each turn adds up to algorithm.max_tokens generated tokens)",
         status=400,
         type="invalid_request_error",
         code="context_length_exceeded",

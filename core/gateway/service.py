@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from core.errors import ConfigError
+from core.errors import ConfigError, ContextLengthError
 from core.gateway.commit import commit_turn
 from core.gateway.config import GatewayConfig
 from core.gateway.errors import (
@@ -343,6 +343,13 @@ class Gateway:
             result = await sampler.sample(prompt, params, session_id=s.id)
         except (GatewayError, asyncio.CancelledError):
             raise
+        except ContextLengthError as exc:
+            # The model's own context (smaller than the gateway's budget): the caller's
+            # prompt is too long, which retrying will not fix.
+            s.counters["context_length_exceeded"] += 1
+            raise context_length_exceeded(
+                exc.prompt_tokens, exc.context, setting=exc.setting or "the model's context length"
+            ) from None
         except Exception as exc:
             s.counters["sampler_errors"] += 1
             raise sampler_failed(f"the sampling backend failed: {type(exc).__name__}: {exc}") from exc

@@ -126,6 +126,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+CONSOLE_LEGEND = (
+    "columns: reward = mean of the step's rewards; failed = rollouts left out; lp-gap = largest "
+    "trainer-vs-sampler logprob gap of a trained token (about 0 in sync mode; grows with staleness "
+    "in async mode); stale = mean/max weight versions behind"
+)
+"""Printed once above the step lines; docs/quickstart.md ("The console") says more."""
+
+
 def console_line(record: dict[str, Any]) -> str:
     """One readable line per step."""
     parts = [f"step {record['step']:>4}"]
@@ -145,3 +153,26 @@ def console_line(record: dict[str, Any]) -> str:
         if record.get("async/masked_stale_tokens"):
             parts.append(f"masked {record['async/masked_stale_tokens']}")
     return "  ".join(parts)
+
+
+def closing_lines(record: dict[str, Any], *, what: str, run_dir: Path, has_eval: bool) -> list[str]:
+    """The lines a finished run ends with: what ran, where its run directory is, and what
+    to do next (view it, evaluate it).
+
+    Args:
+        record: the run's final ``metrics.jsonl`` record (``step``, ``time/train_wall``,
+            ``eval/reward_mean`` when it evaluated).
+        what: the task and backend, e.g. ``task=succ_digit backend=local``.
+        run_dir: the run directory.
+        has_eval: the task has an eval set (``python -m core.eval`` needs one).
+    """
+    summary = f"run finished at step {record['step']} ({what}) in {float(record.get('time/train_wall') or 0.0):.1f}s"
+    if record.get("eval/reward_mean") is not None:
+        summary += f"; final eval reward {record['eval/reward_mean']:.3f}"
+    eval_note = "its last checkpoint on the eval set" if has_eval else "its last checkpoint, given an eval set (task.eval_path)"
+    return [
+        summary,
+        f"run dir: {run_dir} (metrics.jsonl, report.html, traces/, checkpoints/)",
+        f"next: python -m core.view {run_dir}    # what the agents did, token by token (docs/viewer.md)",
+        f"next: python -m core.eval eval.checkpoint={run_dir}    # {eval_note} (docs/eval.md)",
+    ]

@@ -52,11 +52,21 @@ def check_canary(outcome: RolloutOutcome) -> None:
             "payload['_config']['api_key'] as its API key; training on it would learn nothing"
         )
     if result.status is not RolloutStatus.OK:
+        error = (result.error or "no error text").strip()
+        if "context_length_exceeded" in error or "maximum context length" in error:
+            advice = (
+                "The agent's conversation does not fit the context the error names: raise that "
+                "setting (the tiny model's backend.tiny.max_position_embeddings, the gateway's "
+                "gateway.max_context_tokens), or shorten the agent's prompt; each turn adds up "
+                "to algorithm.max_tokens tokens."
+            )
+        else:
+            advice = (
+                "Check that the agent starts (task.agent), reaches the gateway at the base_url "
+                "it is given, and returns {'reward': <float>}."
+            )
         raise RunAborted(
-            f"canary rollout failed with status {result.status.value!r}: "
-            f"{(result.error or 'no error text').strip()[-2000:]}\n"
-            "Check that the agent starts (task.agent), reaches the gateway at the base_url "
-            "it is given, and returns {'reward': <float>}."
+            f"canary rollout failed with status {result.status.value!r}: {error[-2000:]}\n{advice}"
         )
 
 

@@ -50,7 +50,7 @@ from core.rundir.checkpoint import (
     latest_checkpoint,
     write_trainer_state,
 )
-from core.rundir.metrics import MetricsWriter, console_line
+from core.rundir.metrics import CONSOLE_LEGEND, MetricsWriter, closing_lines, console_line
 from core.rundir.report import write_report
 from core.rundir.traces import TraceWriter
 from core.trainer.config import ASYNC_TIS_CAP, load_train_config
@@ -217,6 +217,8 @@ class Trainer:
         indices = self.order.next_batch(self.t.batch_size)
         self._last_batch = indices
         payloads = [(f"s{self.step + 1}-g{i}", self.train_rows[idx]) for i, idx in enumerate(indices)]
+        if self.console and self.step < self.t.max_steps:
+            print(CONSOLE_LEGEND, flush=True)
         bar = None
         if self.t.progress:
             from tqdm import tqdm
@@ -479,15 +481,20 @@ class Trainer:
                 final.update(await self.evaluate())
             final["time/train_wall"] = time.perf_counter() - t_run
             await self._checkpoint(end.state)
-            self._emit(final, None)
-            report = write_report(self.run_dir)
-            print(f"run finished at step {self.step}; metrics: {self.metrics.path}; report: {report}")
+            self.metrics.write(final)
+            write_report(self.run_dir)
+            if self.console:
+                what = f"task={self.cfg.task.name} backend={self.composed.backend.name}"
+                for line in closing_lines(final, what=what, run_dir=self.run_dir, has_eval=bool(self.eval_rows)):
+                    print(line, flush=True)
             return 0
         finally:
             await self._teardown()
 
     async def _train_steps(self, source: RolloutSource) -> None:
         """Steps until ``trainer.max_steps``, each record written as it is made."""
+        if self.console and self.step < self.t.max_steps:
+            print(CONSOLE_LEGEND, flush=True)
         bar = None
         if self.t.progress:
             from tqdm import tqdm

@@ -3,8 +3,9 @@
 - ``StepTimes``: seconds spent in each phase of a step;
 - ``StepReport``: everything a step produced that its record summarises;
 - ``step_metrics``: rewards, rollout statuses, trace and fault counts, tool-call parse
-  statuses (``core.trainer.parse_watch``), data position, times, and the group, train
-  and eval metrics;
+  statuses (``core.trainer.parse_watch``), data position, times, the agents' own metrics
+  (``agent_metrics``), and the group, train and eval metrics;
+- ``agent_metrics``: the mean of each metric the agents returned, as ``agent/<name>``;
 - ``flow_metrics``: staleness of what trained (per rollout and per token, read from
   each turn's segments), interrupted turns, idle times and throughput (the same
   keys in ``trainer.mode=sync`` and ``async``).
@@ -14,6 +15,7 @@ Writing the records is ``core.rundir.metrics``'s job.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +71,29 @@ class StepReport:
     ``reward/*`` and ``rollouts/*`` count them with ``outcomes``."""
 
 
+AGENT_PREFIX = "agent/"
+"""Where the metrics an agent returns (``{"reward": r, "metrics": {...}}``) are logged."""
+
+
+def agent_metrics(outcomes: list[RolloutOutcome]) -> dict[str, float]:
+    """``agent/<name>``: the mean of each metric the agents returned, over the ``ok``
+    rollouts that carry it.
+
+    The agent's ``reward/<component>`` keys are left to ``component_metrics`` (they log
+    under ``reward/``, never over ``reward/mean`` or ``reward/std``); prefixing every
+    other name keeps an agent from overwriting any key the loop logs itself.
+    """
+    values: dict[str, list[float]] = {}
+    for o in outcomes:
+        if not o.ok:
+            continue
+        for key, value in o.result.metrics.items():
+            number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+            if not key.startswith("reward/") and number is not None and math.isfinite(number):
+                values.setdefault(AGENT_PREFIX + key, []).append(float(number))
+    return {key: sum(v) / len(v) for key, v in sorted(values.items())}
+
+
 def step_metrics(report: StepReport) -> dict[str, Any]:
     """The step's record, but for ``flow_metrics``, reward components and trace sizes."""
     outcomes, statuses, times, step_time = report.outcomes, report.statuses, report.times, report.step_time
@@ -113,6 +138,7 @@ def step_metrics(report: StepReport) -> dict[str, Any]:
         "time/checkpoint": times.checkpoint,
         "time/step": step_time,
         "time/loop_overhead_frac": max(0.0, step_time - accounted) / step_time if step_time > 0 else 0.0,
+        **agent_metrics(finished),
         **report.metrics,
     }
 

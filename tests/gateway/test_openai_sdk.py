@@ -155,6 +155,39 @@ def test_context_length_exceeded(harness: Harness) -> None:
         h.openai(sid).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 50}])
     assert exc.value.code == "context_length_exceeded"
     assert "maximum context length is 10 tokens" in str(exc.value)
+    assert "the limit of 10 is gateway.max_context_tokens" in str(exc.value)  # what to change
+
+
+def test_the_models_own_context_is_a_400_naming_its_setting(harness: Harness) -> None:
+    """A prompt within the gateway's budget but past the model's context (the tiny model's
+    backend.tiny.max_position_embeddings) is the caller's to fix: a 400 saying which setting,
+    not a retryable 503 sampler failure."""
+    import pickle
+
+    from core.errors import ContextLengthError
+
+    err = ContextLengthError("m", prompt_tokens=7, context=5, setting="s")
+    copy = pickle.loads(pickle.dumps(err))  # it may cross a process boundary (a remote sampler)
+    assert (str(copy), copy.prompt_tokens, copy.context, copy.setting) == ("m", 7, 5, "s")
+
+    class ShortContext:
+        weight_version = 0
+
+        async def sample(self, prompt: list[int], params: SamplingParams, *, session_id: str = "") -> None:
+            raise ContextLengthError(
+                "too long", prompt_tokens=len(prompt), context=5, setting="backend.tiny.max_position_embeddings"
+            )
+
+    h = harness
+    h.call(h.gw.set_sampler, ShortContext())
+    sid = h.session()
+    with pytest.raises(openai.BadRequestError) as exc:
+        h.openai(sid).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 20}])
+    assert exc.value.code == "context_length_exceeded"
+    assert "maximum context length is 5 tokens" in str(exc.value)
+    assert "the limit of 5 is backend.tiny.max_position_embeddings" in str(exc.value)
+    counters = h.gw.session(sid).counters
+    assert counters["context_length_exceeded"] == 1 and counters["sampler_errors"] == 0
 
 
 def test_async_client_in_process_server() -> None:

@@ -31,34 +31,42 @@ def test_every_hook_is_documented_for_plugin_authors() -> None:
         assert re.search(rf"^### `{name}\(", text, re.MULTILINE), name
 
 
+SETUP_AND_TRAIN = "bash scripts/setup.sh && source .venv/bin/activate && python -m core.train"
+SETUP_AND_TEST = "bash scripts/setup.sh test && source .venv/bin/activate && python -m pytest"
+"""README's two commands (tests/meta/test_readme_commands.py runs them in a fresh copy)."""
+
+
 def test_readme_test_command_is_what_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    command = "bash scripts/setup.sh test && python -m pytest"
-    assert command in readme
+    assert SETUP_AND_TEST in readme
     lines = [ln.strip() for ln in ci.splitlines()]
-    assert command in lines
+    assert SETUP_AND_TEST in lines
     verl = "bash plugins/verl/scripts/run_tests.sh -q"
     assert verl in readme and verl in lines
-    assert lines.index(command) < lines.index(verl)
+    assert lines.index(SETUP_AND_TEST) < lines.index(verl)
 
 
 def test_ci_runs_in_a_fresh_virtual_environment() -> None:
     """A venv hides nothing the base interpreter provides (tests/plugins/test_third_party.py
-    once passed only outside one)."""
-    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
-    create = next(i for i, ln in enumerate(lines) if re.fullmatch(r"python3? -m venv (\S+)", ln))
-    env_dir = lines[create].split()[-1]
-    activate = lines.index(f"source {env_dir}/bin/activate")
-    first_install = next(i for i, ln in enumerate(lines) if "scripts/setup.sh" in ln or "pip install" in ln)
-    assert create < activate < first_install
-    assert lines.index(f"rm -rf {env_dir}") < create  # fresh, not left over from the last run
+    once passed only outside one): CI's first install is README's test command, which makes
+    `.venv` (removed first, so nothing is left over from the last run) and activates it."""
+    text = (ROOT / ".ci" / "run").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    first_install = next(
+        i for i, ln in enumerate(lines) if "scripts/setup.sh" in ln or "pip install" in ln or " -m venv " in ln
+    )
+    assert lines[first_install] == SETUP_AND_TEST
+    assert not any(ln.startswith(("source ", ". ")) for ln in lines[:first_install])  # no other venv first
+    assert lines.index("rm -rf .venv") < first_install
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert 'VENV="${TRACERL_VENV:-.venv}"' in setup and '-m venv "$VENV"' in setup
     ignored = (ROOT / ".gitignore").read_text().splitlines()
-    assert any(Path(env_dir).match(pattern.rstrip("/")) for pattern in ignored if pattern.strip())
+    assert any(Path(".venv").match(pattern.rstrip("/")) for pattern in ignored if pattern.strip())
 
 
 def test_readme_main_command() -> None:
-    assert "bash scripts/setup.sh && python -m core.train" in (ROOT / "README.md").read_text()
+    assert SETUP_AND_TRAIN in (ROOT / "README.md").read_text()
 
 
 def test_readme_names_every_test_command_ci_runs() -> None:

@@ -81,11 +81,14 @@ def _compose(overrides: list[str]) -> Any:
 
 
 def _check_shown_lines(stdout: str, shown: str) -> None:
-    """Every line the page shows, other than the timed step lines, is printed (paths as wildcards)."""
+    """Every line the page shows, other than the timed step lines, is printed (paths, times and
+    ``<placeholders>`` as wildcards)."""
     for line in shown.strip().splitlines():
         if STEP_LINE.match(line):
             continue
         pattern = re.escape(line).replace(re.escape("outputs/<date>/<time>"), r"\S+")
+        pattern = re.sub(r"\d+\\\.\d+s", r"\\d+\\.\\d+s", pattern)  # times vary (`in 3.3s`)
+        pattern = re.sub(r"<\w+>", r"\\S+", pattern)  # a placeholder: `task=<task>`
         assert re.search(rf"^{pattern}$", stdout, re.MULTILINE), (line, stdout)
 
 

@@ -88,6 +88,9 @@ def test_overview_step_trajectory_in_chromium(trained_run: dict[str, Any], brows
         count = lambda s: main.find_element(By.CSS_SELECTOR, f'#status-counts tr[data-status="{s}"] td.count').text  # noqa: E731
         assert count("crashed") == str(crashed) and count("ok") == str(ok)
         assert len(main.find_elements(By.CSS_SELECTOR, "svg polyline, svg rect")) > 10  # the charts drew
+        # the agents' own metrics (succ_digit returns reply_chars), charted per step
+        agent_chart = main.find_element(By.CSS_SELECTOR, '[data-chart="Agent metrics (mean per step)"]')
+        assert "reply_chars" in agent_chart.text
         evals = [a.text for a in main.find_elements(By.CSS_SELECTOR, "#eval-links a[href^='#/step/eval/']")]
         assert evals == ["step 0", "step 3"]
 

@@ -58,6 +58,12 @@ def test_run_stores_every_step_and_eval_and_the_data_matches_metrics(trained_run
         assert record["traces/bytes"] == trace_path(run_dir, "train", record["step"]).stat().st_size
         ok = [r["reward"] for r in step["rollouts"] if r["status"] == "ok"]
         assert sum(ok) / len(ok) == pytest.approx(record["reward/mean"])
+        # the agent's own metric (reply_chars), the mean over its ok rollouts, in the record and the overview
+        stored = read_traces(trace_path(run_dir, "train", record["step"])).rollouts
+        chars = [r["metrics"]["reply_chars"] for r in stored if r["status"] == "ok"]
+        assert record["agent/reply_chars"] == pytest.approx(sum(chars) / len(chars))
+        (shown,) = [s for s in overview["steps"] if s["step"] == record["step"]]
+        assert shown["agent/reply_chars"] == record["agent/reply_chars"]
     crashed = next(r for r in data.step("train", 1)["rollouts"] + data.step("train", 2)["rollouts"] if r["status"] == "crashed")
     assert crashed["payload"]["fail"] is True and crashed["rows"] == 0
 

@@ -220,6 +220,9 @@
     const withTools = steps.filter((r) => r['gateway/turns_with_tools'] > 0);
     if (withTools.length) grid.appendChild(chart('Tool calls that failed to parse', [{ name: 'failed share of turns with tools offered', color: COLORS[1], pts: withTools.map((r) => [r.step, r['gateway/tool_parse_failed']]) }], { unit: true, pick, fmt: (v) => (100 * v).toFixed(0) + '%' }));
     if (staleKeys.length) grid.appendChild(chart('Staleness', staleKeys.map((k, i) => ({ name: k, color: COLORS[i % COLORS.length], pts: seriesOf(steps, k) })), { pick }));
+    // The metrics the agents returned with their rewards, mean per step (agent/<name> in metrics.jsonl).
+    const agentKeys = numericKeys.filter((k) => k.startsWith('agent/'));
+    if (agentKeys.length) grid.appendChild(chart('Agent metrics (mean per step)', agentKeys.map((k, i) => ({ name: k.slice('agent/'.length), color: COLORS[i % COLORS.length], pts: seriesOf(steps, k) })), { pick }));
     const explorer = h('div', { class: 'panel' });
     const sel = h('select', { id: 'metric-select' }, numericKeys.map((k) => h('option', { value: k }, k)));
     const drawExplorer = () => explorer.replaceChildren(h('div', { class: 'controls' }, h('label', {}, 'any metric: '), sel), chart(sel.value || 'metric', [{ name: sel.value, color: COLORS[4], pts: seriesOf(steps, sel.value) }], { pick, bare: true }));

@@ -8,7 +8,7 @@ import pytest
 from local_helpers import chat_prompt, make_datum, run
 from tracerl_local.backend import LocalBackend
 
-from core.errors import SamplerError
+from core.errors import ContextLengthError, SamplerError
 from core.types import FinishReason, SamplingParams
 
 
@@ -199,6 +199,16 @@ def test_in_flight_batch_keeps_old_weights(make_backend) -> None:
     run(go())
 
 
+def test_the_tiny_context_holds_the_gateways_whole_budget() -> None:
+    """An agent's tool loop (a tools block alone is hundreds of tokens) fits the tiny preset
+    as far as the gateway lets a conversation grow: 512 positions failed the first call."""
+    from tracerl_local.config import TinyModelConfig
+
+    from core.gateway import GatewayConfig
+
+    assert TinyModelConfig().max_position_embeddings >= GatewayConfig().max_context_tokens
+
+
 def test_bad_prompts_raise_sampler_error(make_backend) -> None:
     backend = make_backend(
         tiny=__import__("tracerl_local.config").config.TinyModelConfig(max_position_embeddings=32)
@@ -208,7 +218,7 @@ def test_bad_prompts_raise_sampler_error(make_backend) -> None:
     async def go() -> None:
         with pytest.raises(SamplerError, match="empty"):
             await backend.sampler.sample([], SamplingParams(), session_id="s")
-        with pytest.raises(SamplerError, match="context_length_exceeded"):
+        with pytest.raises(ContextLengthError, match=r"context_length_exceeded.*\(backend\.tiny\.max_position_embeddings\)"):
             await backend.sampler.sample(prompt * 2, SamplingParams(), session_id="s")
         with pytest.raises(SamplerError, match="outside the vocabulary"):
             await backend.sampler.sample([10**6], SamplingParams(), session_id="s")

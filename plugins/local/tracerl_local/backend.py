@@ -146,6 +146,11 @@ class LocalBackend:
             max_batch_size=config.max_batch_size,
             batch_wait_ms=config.batch_wait_ms,
             seed=seed,
+            context_setting=(
+                "backend.tiny.max_position_embeddings"
+                if config.model == "tiny"
+                else f"max_position_embeddings in {config.model}'s config.json"
+            ),
         )
 
     @classmethod

@@ -44,8 +44,10 @@ class TinyModelConfig:
     """Decoder layers."""
     num_heads: int = 4
     """Attention heads (and key/value heads)."""
-    max_position_embeddings: int = 512
-    """Context length: prompt plus generated tokens."""
+    max_position_embeddings: int = 4096
+    """Context length: prompt plus generated tokens. As large as the gateway's default
+    budget (``gateway.max_context_tokens``), so an agent's tool loop fits; it costs
+    nothing until used (rotary positions: no weights per position)."""
     initializer_range: float = 0.02
     """Standard deviation of the random initial weights."""
 

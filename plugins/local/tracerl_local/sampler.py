@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.errors import SamplerError
+from core.errors import ContextLengthError, SamplerError
 from core.tokenizer import end_of_turn_ids
 from core.types import SampleResult, SamplingParams
 from tracerl_local.generate import GenOutput, GenRequest, generate_batch
@@ -84,8 +84,13 @@ class LocalSampler:
         batch_wait_ms: float = 2.0,
         seed: int = 0,
         version: int = 0,
+        context_setting: str = "the model's max_position_embeddings",
     ) -> None:
-        """Serve a frozen copy of ``model`` (the caller keeps training the original)."""
+        """Serve a frozen copy of ``model`` (the caller keeps training the original).
+
+        ``context_setting`` names where ``max_positions`` comes from, for the error a
+        prompt that does not fit gets.
+        """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
         self._tokenizer = tokenizer
@@ -95,6 +100,7 @@ class LocalSampler:
         )
         self._vocab = len(tokenizer)  # type: ignore[arg-type]
         self._max_positions = max_positions
+        self._context_setting = context_setting
         self._max_batch = max_batch_size
         self._wait_s = max(batch_wait_ms, 0.0) / 1000.0
         self._rng = torch.Generator().manual_seed(seed)
@@ -148,8 +154,8 @@ class LocalSampler:
         token is the argmax and its logprob is the temperature-1 one.
 
         Raises:
-            SamplerError: empty prompt, prompt that fills the context, sampler
-                closed, or the model failed.
+            ContextLengthError: the prompt fills the context.
+            SamplerError: empty prompt, sampler closed, or the model failed.
         """
         if self._closed:
             raise SamplerError("the local sampler is closed; build a new backend to sample again")
@@ -159,9 +165,13 @@ class LocalSampler:
                 f"session {session_id!r}: the prompt is empty; send at least one token"
             )
         if len(prompt) >= self._max_positions:
-            raise SamplerError(
+            raise ContextLengthError(
                 f"context_length_exceeded: session {session_id!r} sent {len(prompt)} prompt tokens "
-                f"but the model's context is {self._max_positions}; shorten the history"
+                f"but the model's context is {self._max_positions} ({self._context_setting}); "
+                "raise it, or shorten the prompt and history",
+                prompt_tokens=len(prompt),
+                context=self._max_positions,
+                setting=self._context_setting,
             )
         vocab = self._vocab
         bad = [t for t in prompt if not 0 <= t < vocab]
