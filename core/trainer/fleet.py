@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import ConfigError, RunAborted
+from core.errors import ConfigError, RunAborted, SamplerError
 from core.samplers.factory import build_http_sampler
 from core.samplers.http_sampler import HttpSampler, HttpSamplerConfig
 from core.samplers.weights import PushReport, WeightPusher
@@ -172,15 +172,19 @@ class Fleet:
         self.probed = []
         loss = (probe.loss_fn, probe.loss_config)
         for server in [s for s in pool.servers if s.url in report.updated]:
-            result = await probe_server(self.sampler, server, backend, loss, probe.params)
-            self.probed.append(result)
-            if result.mean_abs_diff <= tolerance:
-                continue
-            reason = (
-                f"its logprobs differ from the trainer's by {result.mean_abs_diff:.3f} per token on "
-                f"average (max {result.max_abs_diff:.3f}, {result.tokens} tokens) > "
-                f"sampler.logprob_tolerance={tolerance:g}"
-            )
+            try:
+                result = await probe_server(self.sampler, server, backend, loss, probe.params)
+            except SamplerError as exc:  # it took the weights but cannot answer: not usable
+                reason = f"the probe request failed: {exc}"
+            else:
+                self.probed.append(result)
+                if result.mean_abs_diff <= tolerance:
+                    continue
+                reason = (
+                    f"its logprobs differ from the trainer's by {result.mean_abs_diff:.3f} per token on "
+                    f"average (max {result.max_abs_diff:.3f}, {result.tokens} tokens) > "
+                    f"sampler.logprob_tolerance={tolerance:g}"
+                )
             self.pusher.retire(server, reason, report.version, what="the logprob probe at")
             report.retired[server.url] = reason
             report.updated.remove(server.url)

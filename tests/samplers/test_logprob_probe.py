@@ -119,3 +119,19 @@ def test_settings_an_engine_reports_unnormalised_are_refused_unless_declared(tmp
     fleet = build_fleet(declared, Backend(), tmp_path)
     assert fleet is not None and fleet.probe is not None
     assert fleet.probe.params.temperature == 0.7 and fleet.probe.loss_config["temperature"] == 0.7
+
+
+def test_a_server_that_cannot_answer_the_probe_is_retired(
+    served: tuple[str, LocalBackend], trainer: LocalBackend, make_standin: Any, tmp_path: Path
+) -> None:
+    """It took the weights, then fails every generation (a stand-in answering 500)."""
+    good, _ = served
+    _, broken = make_standin(mode="http500")
+    config = SamplerConfig(kind="vllm", urls=[good, broken], health_interval_s=0, processed_logprobs=True)
+    probe = FleetProbe("ppo", {"temperature": TEMPERATURE}, SamplingParams(temperature=TEMPERATURE))
+    fleet = Fleet(config, tmp_path, probe=probe)
+    report = asyncio.run(_push(fleet, trainer))
+    assert report.updated == [good]
+    assert "the probe request failed" in report.retired[broken] and "HTTP 500" in report.retired[broken]
+    assert [s.url for s in fleet.sampler.pool.servers] == [good]
+    assert [r.url for r in fleet.probed] == [good]
