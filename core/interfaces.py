@@ -101,7 +101,9 @@ class TrainingBackend(Protocol):
     Contract: ``forward_backward`` accumulates gradients, ``optim_step``
     applies and clears them, ``sync_sampler`` makes ``sampler`` serve the new
     weights and bumps the weight version. Requests already in flight on the
-    old sampler finish on the old weights.
+    old sampler finish on the old weights, or are interrupted and continued on
+    the new ones with their tokens kept (the result's ``segments`` say which
+    tokens each version sampled; the local backend's default).
 
     Optional: ``async def export_weights(path: str) -> str`` writes the current
     weights into directory ``path`` in Hugging Face layout (``config.json`` +

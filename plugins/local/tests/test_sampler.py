@@ -161,10 +161,11 @@ def test_seeds_reproduce_and_differ(make_backend) -> None:
 
 
 def test_in_flight_batch_keeps_old_weights(make_backend) -> None:
-    """A batch running during sync_sampler finishes on (and reports) the old weights."""
+    """With on_update=finish, a batch running during sync_sampler finishes on (and reports)
+    the old weights (the default, continue, is tested in test_interrupt.py)."""
     import torch
 
-    backend = make_backend(seed=0, batch_wait_ms=0.0)
+    backend = make_backend(seed=0, batch_wait_ms=0.0, on_update="finish")
     prompt = chat_prompt(backend)
     greedy = SamplingParams(max_tokens=200, temperature=0)
 

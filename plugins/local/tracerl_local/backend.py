@@ -27,7 +27,7 @@ from tracerl_local.config import LocalBackendConfig
 from tracerl_local.learning_rate import warn_about_learning_rate
 from tracerl_local.losses import parse_loss_config
 from tracerl_local.model import cache_argument, enable_checkpointing, load_model, model_forward
-from tracerl_local.sampler import LocalSampler
+from tracerl_local.sampler import ON_UPDATE, LocalSampler
 from tracerl_local.training import TrainShape, check_datums, forward_backward_sync, trainer_logprobs
 
 STATE_FILE = "state.pt"
@@ -114,6 +114,11 @@ class LocalBackend:
                 f"backend.optimizer.name={config.optimizer.name!r} is not supported; use adamw"
             )
         _check_train_shape(config)
+        if config.on_update not in ON_UPDATE:
+            raise ConfigError(
+                f"backend.on_update={config.on_update!r} is not one of {', '.join(ON_UPDATE)}: "
+                "continue (interrupted generations go on under the new weights), abort, or finish"
+            )
         self.config = config
         self.seed = seed
         self._model, self._tokenizer = load_model(
@@ -151,6 +156,7 @@ class LocalBackend:
                 if config.model == "tiny"
                 else f"max_position_embeddings in {config.model}'s config.json"
             ),
+            on_update=config.on_update,
         )
 
     @classmethod
@@ -328,7 +334,9 @@ class LocalBackend:
     async def sync_sampler(self) -> LocalSampler:
         """Serve the trained weights from the sampler and bump ``weight_version``.
 
-        Batches already running finish on the weights they started with.
+        Generations already running are interrupted and go on under the new weights,
+        keeping their tokens (``backend.on_update=continue``, the default; each turn
+        then records a segment per version), or finish on the old ones (``finish``).
         """
         self._check_open()
         async with self._lock:

@@ -92,6 +92,11 @@ class LocalBackendConfig:
     """Most sequences the sampler decodes together."""
     batch_wait_ms: float = 2.0
     """How long the sampler waits to gather concurrent requests into one batch."""
+    on_update: str = "continue"
+    """What generations running at a weight sync do: ``continue`` (interrupted and
+    continued under the new weights, keeping their tokens: partial rollouts, each
+    turn recording a segment per weight version), ``abort`` (end them, as an
+    engine's abort-on-update does) or ``finish`` (on the weights they started with)."""
     train_micro_batch: int = 64
     """Most datums per forward/backward micro-batch (bounds activation memory)."""
     train_tokens_per_micro_batch: int = 16384

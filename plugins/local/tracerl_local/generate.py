@@ -9,6 +9,9 @@ end-of-turn ids (``eos_ids``: EOS, the generation config's ``eos_token_id``
 list, the chat template's end-of-turn token), a stop token id of its own, a
 stop string, ``max_tokens`` or the model's context length; its result is
 handed to ``on_done`` at once, so short replies do not wait for long ones.
+When ``interrupted()`` turns true (a weight update), decoding stops after the
+current step and every unfinished row is handed over with the tokens it has
+and ``FinishReason.ABORT``, for the caller to continue on the new weights.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ class GenRequest:
 
     prompt: Sequence[int]
     params: SamplingParams
+    generated: Sequence[int] = ()
+    """Tokens an interrupted earlier part of this generation produced (the end of
+    ``prompt``): stop strings are looked for across them and the new tokens."""
+    rng: torch.Generator | None = None
+    """The row's own generator (from ``params.seed``), set on first use and kept, so a
+    continued generation draws on where it stopped instead of restarting its seed."""
 
 
 @dataclass
@@ -60,6 +69,7 @@ def generate_batch(
     on_done: Callable[[int, GenOutput], None],
     on_forward: Callable[[], None] = lambda: None,
     eos_ids: Collection[int] | None = None,
+    interrupted: Callable[[], bool] = lambda: False,
 ) -> int:
     """Continue every request; call ``on_done(index, output)`` as each row finishes.
 
@@ -75,6 +85,8 @@ def generate_batch(
             complete by the time the last ``on_done`` fires).
         eos_ids: Ids that end every row's turn (``core.tokenizer.end_of_turn_ids``);
             None means the tokenizer's EOS alone.
+        interrupted: Polled after each decode step; once true, every unfinished row
+            goes to ``on_done`` with its tokens so far and ``FinishReason.ABORT``.
 
     Returns:
         Number of forward passes run (1 prefill + decode steps).
@@ -102,9 +114,10 @@ def generate_batch(
         min(p.max_tokens, max_positions - length) for p, length in zip(params, lengths, strict=True)
     ]
     stop_ids = [ends.union(p.stop_token_ids) for p in params]
-    row_rngs = [
-        torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params
-    ]
+    for r in requests:
+        if r.rng is None and r.params.seed is not None:
+            r.rng = torch.Generator().manual_seed(r.params.seed)
+    row_rngs = [r.rng for r in requests]
     outputs = [GenOutput() for _ in requests]
     active = [True] * n
     for i, budget in enumerate(budgets):
@@ -137,7 +150,10 @@ def generate_batch(
             o.token_ids.append(tokens_list[i])
             o.logprobs.append(chosen_list[i])
             if tokens_list[i] in stop_ids[i] or (
-                params[i].stop and _hit_stop_string(tokenizer, o.token_ids, params[i].stop)
+                params[i].stop
+                and _hit_stop_string(
+                    tokenizer, [*requests[i].generated, *o.token_ids], params[i].stop
+                )
             ):
                 o.finish_reason = FinishReason.STOP
             elif len(o.token_ids) >= budgets[i]:
@@ -147,6 +163,13 @@ def generate_batch(
             active[i] = False
             on_done(i, o)
         if not any(active):
+            break
+        if interrupted():
+            for i in range(n):
+                if active[i]:
+                    active[i] = False
+                    outputs[i].finish_reason = FinishReason.ABORT
+                    on_done(i, outputs[i])
             break
         attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=-1)
         # Finished rows keep decoding (their outputs are ignored); clamp so they never

@@ -11,6 +11,19 @@ weight version). A batch pins the snapshot it started on, so ``publish``
 (called by ``LocalBackend.sync_sampler``) never changes weights under a
 running batch: it copies in place when no batch holds the snapshot, and
 otherwise builds a fresh copy and lets the old one go when its batch ends.
+
+What a running batch does when new weights are published (``on_update``):
+
+- ``continue`` (the default; partial rollouts): it stops after its current
+  decode step, and each unfinished generation goes on in the next batch from
+  its prompt plus the tokens generated so far, prefilled and decoded under the
+  new weights (no key/value computed by the old ones is reused). Its result
+  carries one ``Segment`` per weight version, each token with the logprob of
+  the weights that sampled it.
+- ``abort``: unfinished generations end there with their tokens so far and
+  ``FinishReason.ABORT`` (what an engine's abort-on-update answers; the caller
+  may send prompt plus tokens again).
+- ``finish``: the batch finishes on the weights it started with.
 """
 
 from __future__ import annotations
@@ -21,13 +34,13 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from core.errors import ContextLengthError, SamplerError
 from core.tokenizer import end_of_turn_ids
-from core.types import SampleResult, SamplingParams
+from core.types import FinishReason, SampleResult, SamplingParams, Segment
 from tracerl_local.generate import GenOutput, GenRequest, generate_batch
 from tracerl_local.model import cache_argument
 
@@ -46,6 +59,8 @@ class SamplerStats:
     """Model forward passes (prefill + decode steps) over all batches."""
     largest_batch: int = 0
     """Most requests served by one batch."""
+    interrupted: int = 0
+    """Generations a weight update interrupted (continued or aborted)."""
 
 
 @dataclass
@@ -53,6 +68,12 @@ class _Snapshot:
     model: torch.nn.Module
     version: int
     active: int = 0
+    interrupt: str = ""
+    """Set by ``publish`` while batches run on it: ``continue`` or ``abort`` them."""
+
+
+ON_UPDATE = ("continue", "abort", "finish")
+"""What a running batch does when new weights are published (module docstring)."""
 
 
 @dataclass
@@ -60,6 +81,45 @@ class _Pending:
     request: GenRequest
     future: asyncio.Future[SampleResult]
     session_id: str = field(default="")
+    token_ids: list[int] = field(default_factory=list)
+    """Tokens earlier, interrupted parts of this generation produced."""
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    """One per earlier part, with the version that sampled it."""
+
+    def result(self, ids: list[int], logprobs: list[float], finish: FinishReason, version: int) -> SampleResult:
+        """The whole generation: the earlier parts, then ``ids`` sampled under ``version``."""
+        if not self.segments:
+            return SampleResult(ids, logprobs, finish, version)
+        segments = list(self.segments)
+        if ids:
+            n = len(self.token_ids)
+            segments.append(Segment(n, n + len(ids), version))
+        return SampleResult(
+            [*self.token_ids, *ids],
+            [*self.logprobs, *logprobs],
+            finish,
+            segments[0].weight_version,
+            segments=tuple(segments) if len(segments) > 1 else (),
+        )
+
+    def continued(self, ids: list[int], logprobs: list[float], version: int) -> _Pending:
+        """This generation to go on after ``ids`` (sampled under ``version``) on new weights."""
+        n = len(self.token_ids)
+        req = self.request
+        return _Pending(
+            GenRequest(
+                [*req.prompt, *ids],
+                replace(req.params, max_tokens=req.params.max_tokens - len(ids)),
+                generated=[*req.generated, *ids],
+                rng=req.rng,
+            ),
+            self.future,
+            self.session_id,
+            [*self.token_ids, *ids],
+            [*self.logprobs, *logprobs],
+            [*self.segments, Segment(n, n + len(ids), version)],
+        )
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -85,14 +145,20 @@ class LocalSampler:
         seed: int = 0,
         version: int = 0,
         context_setting: str = "the model's max_position_embeddings",
+        on_update: str = "continue",
     ) -> None:
         """Serve a frozen copy of ``model`` (the caller keeps training the original).
 
         ``context_setting`` names where ``max_positions`` comes from, for the error a
-        prompt that does not fit gets.
+        prompt that does not fit gets. ``on_update``: what a running batch does when
+        ``publish`` serves new weights (``continue``, ``abort`` or ``finish``; see the
+        module docstring).
         """
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size!r}")
+        if on_update not in ON_UPDATE:
+            raise ValueError(f"on_update must be one of {ON_UPDATE}, got {on_update!r}")
+        self.on_update = on_update
         self._tokenizer = tokenizer
         # Every end-of-turn id the model declares (not only EOS), so no row runs past its turn.
         self.end_of_turn_ids = end_of_turn_ids(
@@ -108,6 +174,7 @@ class LocalSampler:
         self._lock = threading.Lock()
         self._current = _Snapshot(frozen_copy(model), version)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracerl-sampler")
+        self._carry: list[_Pending] = []  # interrupted generations, first in the next batch
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -124,11 +191,16 @@ class LocalSampler:
         """The frozen model new batches run on (read-only; for tests)."""
         return self._current.model
 
-    def publish(self, source: torch.nn.Module, version: int) -> None:
+    def publish(self, source: torch.nn.Module, version: int, *, on_update: str | None = None) -> None:
         """Serve ``source``'s current weights as ``version`` from the next batch on.
 
-        Thread-safe; a batch already running keeps the weights it started with.
+        Thread-safe. A batch already running never has its weights changed under it;
+        it continues its generations on the new ones, aborts them or finishes them
+        as ``on_update`` (default: the sampler's) says.
         """
+        mode = self.on_update if on_update is None else on_update
+        if mode not in ON_UPDATE:
+            raise ValueError(f"on_update must be one of {ON_UPDATE}, got {mode!r}")
         with self._lock:
             snap = self._current
             if snap.active == 0:
@@ -137,6 +209,8 @@ class LocalSampler:
                 snap.version = version
             else:
                 self._current = _Snapshot(frozen_copy(source), version)
+                if mode != "finish":
+                    snap.interrupt = mode
 
     async def sample(
         self,
@@ -198,9 +272,12 @@ class LocalSampler:
     async def _run(self, queue: asyncio.Queue[_Pending]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await queue.get()]
-            if self._wait_s:
-                await asyncio.sleep(self._wait_s)
+            # Interrupted generations go first and at once: they are mid-turn.
+            batch, self._carry = self._carry, []
+            if not batch:
+                batch = [await queue.get()]
+                if self._wait_s:
+                    await asyncio.sleep(self._wait_s)
             while len(batch) < self._max_batch and not queue.empty():
                 batch.append(queue.get_nowait())
             batch = [p for p in batch if not p.future.done()]  # callers that gave up
@@ -221,13 +298,20 @@ class LocalSampler:
             snap.active += 1
         stats = self.stats  # counted before results go out, so callers see them complete
         stats.batches += 1
-        stats.requests += len(batch)
+        stats.requests += sum(1 for p in batch if not p.segments)  # continuations are not new
         stats.largest_batch = max(stats.largest_batch, len(batch))
+        carry: list[_Pending] = []
 
         def done(i: int, out: GenOutput) -> None:
-            result = SampleResult(out.token_ids, out.logprobs, out.finish_reason, snap.version)
+            p = batch[i]
+            if out.finish_reason is FinishReason.ABORT and snap.interrupt:
+                stats.interrupted += 1
+                if snap.interrupt == "continue" and not self._closed:
+                    carry.append(p.continued(out.token_ids, out.logprobs, snap.version))
+                    return
+            result = p.result(out.token_ids, out.logprobs, out.finish_reason, snap.version)
             try:
-                loop.call_soon_threadsafe(_resolve, batch[i].future, result)
+                loop.call_soon_threadsafe(_resolve, p.future, result)
             except RuntimeError:  # the caller's event loop is gone; nobody waits
                 pass
 
@@ -245,10 +329,12 @@ class LocalSampler:
                 on_done=done,
                 on_forward=forward,
                 eos_ids=self.end_of_turn_ids,
+                interrupted=lambda: bool(snap.interrupt),
             )
         finally:
             with self._lock:
                 snap.active -= 1
+            self._carry.extend(carry)
 
     async def aclose(self) -> None:
         """Stop the batching task, fail waiting requests, release the thread; idempotent."""
@@ -263,12 +349,16 @@ class LocalSampler:
                     await self._worker
                 except asyncio.CancelledError:
                     pass
+        self._executor.shutdown(wait=True)
+        for p in self._carry:  # interrupted generations that will not go on
+            if not p.future.done():
+                p.future.set_exception(SamplerError("the local sampler was closed"))
+        self._carry = []
         if self._queue is not None:
             while not self._queue.empty():
                 p = self._queue.get_nowait()
                 if not p.future.done():
                     p.future.set_exception(SamplerError("the local sampler was closed"))
-        self._executor.shutdown(wait=True)
 
 
 def _resolve(future: asyncio.Future[SampleResult], result: SampleResult) -> None:

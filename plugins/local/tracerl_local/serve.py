@@ -19,7 +19,11 @@ Routes (one server, both protocols):
   and ``GET /get_weight_version``; vLLM (dev mode) ``POST /collective_rpc`` with
   ``update_config`` (``{"model_config": {"model": dir}}``) then ``reload_weights``,
   and ``POST /reset_prefix_cache``. A directory that does not fit the model is
-  refused and the served weights stay as they were.
+  refused and the served weights stay as they were. Requests running during an
+  update finish on the weights they started with, as the engines' updates wait
+  for them; with SGLang's ``abort_all_requests: true`` they are aborted instead
+  and answer the tokens generated so far with finish reason ``abort`` (the
+  client may send prompt plus those tokens again: a partial rollout).
 - ``GET /tracerl/stats``: requests, aborts and client disconnects (for tests).
 
 A client that disconnects cancels its request, as vLLM does. Sampling is the
@@ -177,8 +181,13 @@ class _Service:
                 self.stats.aborted += 1
                 task.cancel()
 
-    async def load(self, path: str, version: int | None) -> int:
-        """Load the weights in ``path`` and serve them as ``version`` (the file's, else +1)."""
+    async def load(self, path: str, version: int | None, *, abort_running: bool = False) -> int:
+        """Load the weights in ``path`` and serve them as ``version`` (the file's, else +1).
+
+        Requests running meanwhile finish on the weights they started with, as an engine's
+        update waits for them; ``abort_running`` (SGLang's ``abort_all_requests``) ends them
+        instead, answering the tokens they have with finish reason ``abort``.
+        """
         if self.model is None:
             raise WeightsLoadError("this server was built without a model to load weights into")
         async with self.load_lock:
@@ -187,7 +196,8 @@ class _Service:
                 version = read_version(path)
             if version is None:
                 version = int(self.sampler.weight_version) + 1
-            await asyncio.to_thread(self.sampler.publish, self.model, version)
+            mode = "abort" if abort_running else "finish"
+            await asyncio.to_thread(self.sampler.publish, self.model, version, on_update=mode)
             return version
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
@@ -336,6 +346,8 @@ async def _sglang_generate(svc: _Service, request: Request) -> Response:
         ids, lps, version = out.token_ids, out.logprobs, out.weight_version
         if out.finish_reason is FinishReason.STOP:
             finish = {"type": "stop", "matched": ids[-1] if ids else None}
+        elif out.finish_reason is FinishReason.ABORT:  # a weight update aborted it mid-way
+            finish = {"type": "abort", "message": "Abort by a weight update (abort_all_requests)"}
         else:
             finish = {"type": out.finish_reason.value, "length": len(ids)}
     meta: dict[str, Any] = {
@@ -408,7 +420,7 @@ async def _update_weights_from_disk(svc: _Service, request: Request) -> Response
                 400, f"weight_version={req.weight_version!r}: this server keeps integer versions"
             ) from exc
     try:
-        await svc.load(req.model_path, version)
+        await svc.load(req.model_path, version, abort_running=req.abort_all_requests)
     except WeightsLoadError as exc:
         return JSONResponse(
             {

@@ -1,0 +1,162 @@
+"""Interruptible turns on the local backend (partial rollouts, issue #28).
+
+A weight sync while a generation runs interrupts it after the current decode
+step; it goes on under the new weights from its prompt plus the tokens it has,
+and its turn records one segment per weight version, each token with the
+logprob of the weights that sampled it. Checked through the real gateway, with
+greedy decoding, against references sampled on each weight version alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import torch
+from local_helpers import chat_prompt, make_datum, run
+from tracerl_local.backend import LocalBackend
+from tracerl_local.generate import GenOutput, GenRequest, generate_batch
+
+from core.gateway import Gateway, GatewayConfig
+from core.gateway.messages import openai_units
+from core.gateway.turn import TurnRequest
+from core.types import FinishReason, SampleResult, SamplingParams, Segment, TraceRecord
+
+LONG = 400
+"""Tokens of the greedy turn (seed 0's tiny model never ends a greedy turn by itself)."""
+GREEDY = SamplingParams(max_tokens=LONG, temperature=0)
+
+
+async def _perturb_and_sync_when_running(backend: LocalBackend, after: int = 20) -> None:
+    """Once the next batch has run ``after`` forward passes, move the trained weights a
+    lot and serve them (version + 1)."""
+    start = backend.sampler.stats.forward_calls
+    while backend.sampler.stats.forward_calls < start + after:
+        await asyncio.sleep(0.001)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in backend.model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+    await backend.sync_sampler()
+
+
+def test_a_weight_sync_interrupts_a_turn_that_goes_on_under_the_new_weights(make_backend) -> None:
+    backend: LocalBackend = make_backend(seed=0, batch_wait_ms=0.0)
+    gw = Gateway(tokenizer=backend.get_tokenizer(), sampler=backend.sampler, config=GatewayConfig())
+
+    async def go() -> tuple[TraceRecord, SampleResult, SampleResult]:
+        sid = gw.create_session(sampling=GREEDY)
+        turn = asyncio.create_task(
+            gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "After 3?"}])))
+        )
+        await _perturb_and_sync_when_running(backend)
+        await turn
+        (row,) = gw.finish_session(sid)
+        # References: each weight version alone. The old one is gone from the backend,
+        # so segment 1 is checked against the trainer below; segment 2 against a fresh
+        # greedy continuation of prompt + segment 1 on the new weights.
+        span = row.turns[0]
+        first = span.segments[0]
+        prompt = row.token_ids[: span.start]
+        cont = await backend.sampler.sample(
+            row.token_ids[: first.end], replace(GREEDY, max_tokens=LONG - (first.end - first.start)), session_id="ref"
+        )
+        whole_new = await backend.sampler.sample(prompt, GREEDY, session_id="ref2")
+        return row, cont, whole_new
+
+    row, cont, whole_new = run(go())
+    row.validate()
+    (span,) = row.turns
+    # max_tokens holds across the parts (the new weights may end the turn earlier)
+    assert span.end - span.start == LONG if span.finish_reason is FinishReason.LENGTH else span.end - span.start < LONG
+    assert span.weight_version == 0  # the version the turn started on
+    assert len(span.segments) == 2, span.segments
+    old, new = span.segments
+    assert old == Segment(span.start, old.end, 0) and new == Segment(old.end, span.end, 1)
+    assert 19 <= old.end - old.start < LONG
+    assert backend.sampler.stats.interrupted == 1
+    # Segment 2 is what the new weights generate after prompt + segment 1, token for token,
+    # with their logprobs; not what they generate from the prompt alone.
+    assert row.token_ids[new.start : new.end] == cont.token_ids
+    assert row.logprobs[new.start : new.end] == pytest.approx(cont.logprobs, abs=1e-5)
+    assert row.token_ids[span.start : span.end] != whole_new.token_ids
+    # The trainer (now on the new weights) agrees with the behaviour logprobs of segment 2
+    # (ratio 1) and not with segment 1's, which the old weights sampled: each token's
+    # importance weight is against its own segment's policy.
+    prompt = row.token_ids[: span.start]
+    result = SampleResult(row.token_ids[span.start : span.end], row.logprobs[span.start : span.end],
+                          span.finish_reason, 0)
+    out = run(backend.forward_backward([make_datum(prompt, result)], "cross_entropy"))
+    trainer = out.logprobs[0][len(prompt) - 1 :]
+    k = old.end - old.start
+    assert trainer[k:] == pytest.approx(result.logprobs[k:], abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(trainer[:k], result.logprobs[:k], strict=True)) > 0.1
+
+
+def test_on_update_abort_ends_the_generation_with_its_tokens(make_backend) -> None:
+    backend: LocalBackend = make_backend(seed=0, batch_wait_ms=0.0, on_update="abort")
+    prompt = chat_prompt(backend)
+
+    async def go() -> tuple[SampleResult, SampleResult]:
+        before = await backend.sampler.sample(prompt, GREEDY, session_id="ref")
+        while backend.sampler._current.active:
+            await asyncio.sleep(0.001)
+        task = asyncio.create_task(backend.sampler.sample(prompt, GREEDY, session_id="a"))
+        await _perturb_and_sync_when_running(backend)
+        return before, await task
+
+    before, out = run(go())
+    assert out.finish_reason is FinishReason.ABORT and out.weight_version == 0 and not out.segments
+    assert 0 < len(out.token_ids) < LONG
+    assert out.token_ids == before.token_ids[: len(out.token_ids)]  # what the old weights had generated
+    assert out.logprobs == pytest.approx(before.logprobs[: len(out.logprobs)], abs=1e-5)
+
+
+def test_a_seeded_generation_continues_its_own_draws(make_backend) -> None:
+    """A seeded, sampled (not greedy) generation keeps its generator across the update:
+    its second segment is what the new weights draw after prompt + segment 1 with the
+    seed's stream advanced past segment 1's draws, not restarted. Publishing with no
+    batch running interrupts nothing."""
+    backend: LocalBackend = make_backend(seed=0, batch_wait_ms=0.0)
+    prompt = chat_prompt(backend)
+    params = SamplingParams(max_tokens=LONG, seed=18)  # runs the whole LONG on the old weights
+
+    async def go() -> SampleResult:
+        task = asyncio.create_task(backend.sampler.sample(prompt, params, session_id="a"))
+        await _perturb_and_sync_when_running(backend)
+        out = await task
+        while backend.sampler._current.active:
+            await asyncio.sleep(0.001)
+        return out
+
+    out = run(go())
+    assert [g.weight_version for g in out.segments] == [0, 1], out.segments
+    k = out.segments[0].end
+    assert out.segments[1] == Segment(k, len(out.token_ids), 1)
+
+    def reference(advanced: bool) -> list[int]:
+        gen = torch.Generator().manual_seed(18)
+        if advanced:
+            for _ in range(k):  # one uniform per decode step, as generate_batch draws
+                torch.rand((), generator=gen)
+        got: list[GenOutput] = []
+        generate_batch(
+            backend.sampler.model,
+            [GenRequest([*prompt, *out.token_ids[:k]], replace(params, max_tokens=LONG - k), rng=gen)],
+            tokenizer=backend.get_tokenizer(), max_positions=512, cache_arg=backend.sampler._cache_arg,
+            rng=torch.Generator(), on_done=lambda i, o: got.append(o), eos_ids=backend.sampler.end_of_turn_ids,
+        )
+        return got[0].token_ids
+
+    assert out.token_ids[k:] == reference(advanced=True)
+    assert out.token_ids[k:] != reference(advanced=False)
+    run(backend.sync_sampler())  # nothing running: nothing interrupted
+    assert backend.sampler.stats.interrupted == 1
+
+
+def test_a_bad_on_update_is_refused(make_backend) -> None:
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="backend.on_update='later' is not one of continue, abort, finish"):
+        make_backend(on_update="later")
