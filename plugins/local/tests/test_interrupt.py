@@ -9,7 +9,6 @@ greedy decoding, against references sampled on each weight version alone.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 from local_helpers import chat_prompt, make_datum, run
 from tracerl_local.backend import LocalBackend
 from tracerl_local.generate import GenOutput, GenRequest, generate_batch
+from tracerl_local.sampler import SamplerStats
 
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
@@ -28,17 +28,32 @@ LONG = 400
 GREEDY = SamplingParams(max_tokens=LONG, temperature=0)
 
 
-async def _perturb_and_sync_when_running(backend: LocalBackend, after: int = 20) -> None:
-    """Once the next batch has run ``after`` forward passes, move the trained weights a
-    lot and serve them (version + 1)."""
-    start = backend.sampler.stats.forward_calls
-    while backend.sampler.stats.forward_calls < start + after:
-        await asyncio.sleep(0.001)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in backend.model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-    await backend.sync_sampler()
+AT = 20
+"""Forward passes into a generation at which the test publishes new weights."""
+
+
+class _PublishAt(SamplerStats):
+    """Sampler counters that publish perturbed weights (version 1) from inside the batch,
+    once it has run ``AT`` forward passes: the interruption lands at a fixed step, not
+    wherever the test's event loop happens to get scheduled."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        super().__init__()
+        object.__setattr__(self, "_backend", backend)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name == "forward_calls" and value == AT:
+            backend: LocalBackend = object.__getattribute__(self, "_backend")
+            gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():  # move the trained weights a lot, then serve them
+                for p in backend.model.parameters():
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+            backend.sampler.publish(backend.model, 1)
+
+
+def _publish_mid_generation(backend: LocalBackend) -> None:
+    backend.sampler.stats = _PublishAt(backend)
 
 
 def test_a_weight_sync_interrupts_a_turn_that_goes_on_under_the_new_weights(make_backend) -> None:
@@ -47,11 +62,8 @@ def test_a_weight_sync_interrupts_a_turn_that_goes_on_under_the_new_weights(make
 
     async def go() -> tuple[TraceRecord, SampleResult, SampleResult]:
         sid = gw.create_session(sampling=GREEDY)
-        turn = asyncio.create_task(
-            gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "After 3?"}])))
-        )
-        await _perturb_and_sync_when_running(backend)
-        await turn
+        _publish_mid_generation(backend)
+        await gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "After 3?"}])))
         (row,) = gw.finish_session(sid)
         # References: each weight version alone. The old one is gone from the backend,
         # so segment 1 is checked against the trainer below; segment 2 against a fresh
@@ -74,7 +86,7 @@ def test_a_weight_sync_interrupts_a_turn_that_goes_on_under_the_new_weights(make
     assert len(span.segments) == 2, span.segments
     old, new = span.segments
     assert old == Segment(span.start, old.end, 0) and new == Segment(old.end, span.end, 1)
-    assert 19 <= old.end - old.start < LONG
+    assert old.end - old.start == AT  # the step the update landed after
     assert backend.sampler.stats.interrupted == 1
     # Segment 2 is what the new weights generate after prompt + segment 1, token for token,
     # with their logprobs; not what they generate from the prompt alone.
@@ -100,15 +112,12 @@ def test_on_update_abort_ends_the_generation_with_its_tokens(make_backend) -> No
 
     async def go() -> tuple[SampleResult, SampleResult]:
         before = await backend.sampler.sample(prompt, GREEDY, session_id="ref")
-        while backend.sampler._current.active:
-            await asyncio.sleep(0.001)
-        task = asyncio.create_task(backend.sampler.sample(prompt, GREEDY, session_id="a"))
-        await _perturb_and_sync_when_running(backend)
-        return before, await task
+        _publish_mid_generation(backend)
+        return before, await backend.sampler.sample(prompt, GREEDY, session_id="a")
 
     before, out = run(go())
     assert out.finish_reason is FinishReason.ABORT and out.weight_version == 0 and not out.segments
-    assert 0 < len(out.token_ids) < LONG
+    assert len(out.token_ids) == AT
     assert out.token_ids == before.token_ids[: len(out.token_ids)]  # what the old weights had generated
     assert out.logprobs == pytest.approx(before.logprobs[: len(out.logprobs)], abs=1e-5)
 
@@ -122,17 +131,11 @@ def test_a_seeded_generation_continues_its_own_draws(make_backend) -> None:
     prompt = chat_prompt(backend)
     params = SamplingParams(max_tokens=LONG, seed=18)  # runs the whole LONG on the old weights
 
-    async def go() -> SampleResult:
-        task = asyncio.create_task(backend.sampler.sample(prompt, params, session_id="a"))
-        await _perturb_and_sync_when_running(backend)
-        out = await task
-        while backend.sampler._current.active:
-            await asyncio.sleep(0.001)
-        return out
-
-    out = run(go())
+    _publish_mid_generation(backend)
+    out = run(backend.sampler.sample(prompt, params, session_id="a"))
     assert [g.weight_version for g in out.segments] == [0, 1], out.segments
     k = out.segments[0].end
+    assert k == AT
     assert out.segments[1] == Segment(k, len(out.token_ids), 1)
 
     def reference(advanced: bool) -> list[int]:
