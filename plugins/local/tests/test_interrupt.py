@@ -24,7 +24,7 @@ from core.gateway.turn import TurnRequest
 from core.types import FinishReason, SampleResult, SamplingParams, Segment, TraceRecord
 
 LONG = 400
-"""Tokens of the greedy turn (seed 0's tiny model never ends a greedy turn by itself)."""
+"""Tokens of the greedy turn (seed 0's tiny model does not end a greedy turn by itself this soon)."""
 GREEDY = SamplingParams(max_tokens=LONG, temperature=0)
 
 
@@ -147,7 +147,7 @@ def test_a_seeded_generation_continues_its_own_draws(make_backend) -> None:
         generate_batch(
             backend.sampler.model,
             [GenRequest([*prompt, *out.token_ids[:k]], replace(params, max_tokens=LONG - k), rng=gen)],
-            tokenizer=backend.get_tokenizer(), max_positions=512, cache_arg=backend.sampler._cache_arg,
+            tokenizer=backend.get_tokenizer(), max_positions=backend.sampler._max_positions, cache_arg=backend.sampler._cache_arg,
             rng=torch.Generator(), on_done=lambda i, o: got.append(o), eos_ids=backend.sampler.end_of_turn_ids,
         )
         return got[0].token_ids
