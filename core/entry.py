@@ -7,6 +7,8 @@
   (its overrides, else the primary config's defaults), read before Hydra composes.
 - ``run_hydra``: compose a primary config from an argument list and run a body on
   it, a ``TracerlError`` printed as ``error: ...`` (exit code 1).
+- ``resume_argv`` / ``run_argv``: the command line completed with the overrides a run
+  directory stored (``core.rundir.runconfig``), for a resume and for eval or export.
 """
 
 from __future__ import annotations
@@ -57,6 +59,83 @@ def requested_choices(argv: list[str]) -> dict[str, str]:
                 chosen[group] = default
     return chosen
 
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(flags, overrides)``: Hydra's ``--flags`` and the ``key=value`` overrides."""
+    return [a for a in argv if a.startswith("-")], [a for a in argv if not a.startswith("-")]
+
+
+def _given(overrides: list[str], key: str) -> str | None:
+    """The last value ``overrides`` give ``key`` (as typed), or None."""
+    from core.rundir.runconfig import override_key
+
+    found = None
+    for override in overrides:
+        try:
+            if override_key(override) == key and "=" in override:
+                found = override.split("=", 1)[1]
+        except ConfigError:  # not an override Hydra can read: Hydra reports it in its own words
+            continue
+    return found
+
+
+def resume_argv(argv: list[str]) -> list[str]:
+    """``argv`` of ``python -m core.train``, completed with the run's stored overrides when it resumes.
+
+    Checked here, before Hydra writes anything: the run directory, a complete checkpoint
+    in it, and that no override changes what the run trains. Hydra does not rewrite the
+    run's ``.hydra/`` on a resume (``hydra.output_subdir=null``): it keeps how the run started.
+
+    Raises:
+        ConfigError: no ``run_dir``, no checkpoint to resume, or a conflicting override;
+            nothing in the run directory has been touched.
+    """
+    from core.rundir.checkpoint import latest_checkpoint
+    from core.rundir.runconfig import RUN_FILE, read_run_record, resume_overrides
+
+    flags, overrides = _split(argv)
+    if str(_given(overrides, "trainer.resume")).lower() != "true":
+        return argv
+    where = _given(overrides, "run_dir")
+    if not where:
+        raise ConfigError(
+            "trainer.resume=true needs run_dir=<the run to resume> (the directory the run printed); "
+            "the default run_dir is a new directory"
+        )
+    run_dir = Path(where)
+    if not run_dir.is_dir():
+        raise ConfigError(f"trainer.resume=true but run_dir={where!r} is not a directory; pass the run's run_dir")
+    if latest_checkpoint(run_dir) is None:
+        raise ConfigError(
+            f"trainer.resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
+            "set run_dir to the run to resume, or start it afresh in a new run_dir"
+        )
+    record = read_run_record(run_dir)
+    if record is None:
+        print(
+            f"warning: {run_dir} has no {RUN_FILE} or .hydra/overrides.yaml; the resume uses only "
+            "the overrides given here (repeat the run's own)",
+            file=sys.stderr,
+        )
+        merged = overrides
+    else:
+        merged = resume_overrides(record, overrides)
+    return [*flags, *merged, "hydra.output_subdir=null"]
+
+
+def run_argv(argv: list[str], source: str) -> list[str]:
+    """``argv`` completed with the overrides of the run that ``source`` (a run or checkpoint dir) belongs to.
+
+    The run's overrides come first (less its ``run_dir`` and resume), so the command's own win.
+    Unchanged when the run stored none.
+    """
+    from core.rundir.runconfig import read_run_record, reuse_overrides, run_dir_of
+
+    record = read_run_record(run_dir_of(source))
+    if record is None:
+        return argv
+    flags, overrides = _split(argv)
+    return [*flags, *reuse_overrides(record, overrides)]
 
 
 def load_checked_plugins(argv: list[str], *, skip: Collection[str] = ()) -> Plugins | None:

@@ -113,6 +113,12 @@ class TrainingBackend(Protocol):
     returns the trainer's logprobs as ``forward_backward`` computes them, without a
     gradient (Tinker's ``forward``); with it the fleet's logprob probe
     (``core.trainer.probe``) checks that the servers report the trainer's logprobs.
+
+    Optional: ``async def export_model(path: str, *, adapter: bool = False) -> str``
+    writes a Hugging Face model directory (weights, LoRA merged unless ``adapter``,
+    tokenizer with chat template, ``generation_config.json``) that ``transformers``,
+    vLLM and SGLang load; ``python -m core.export`` calls it after ``load_state`` and
+    refuses a backend without it.
     """
 
     name: str

@@ -4,6 +4,11 @@ Plugins are loaded and their config nodes registered *before* Hydra composes,
 so ``backend=<name>`` works for any installed plugin, and an unknown or
 missing backend fails with a message naming the installed ones (and the
 ``pip install`` for an in-tree one) instead of Hydra's generic error.
+
+A fresh run stores how it was started in ``<run_dir>/tracerl_run.yaml``
+(``core.rundir.runconfig``); ``run_dir=R trainer.resume=true`` composes with those
+overrides again, refusing one that would change what the run trains before anything
+in ``R`` is written.
 """
 
 from __future__ import annotations
@@ -53,7 +58,31 @@ def check_driving_settings(cfg: DictConfig, backend: str) -> None:
         )
 
 
-def _run(cfg: DictConfig, plugins: Plugins) -> int:
+def _record_run(cfg: DictConfig, given: list[str]) -> None:
+    """Store how a fresh run was started, or add a resume's overrides to the record."""
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from core.rundir.runconfig import add_resume, write_run_record
+    from core.trainer.guards import check_fresh_run_dir
+
+    run_dir = Path(str(cfg.run_dir))
+    if bool(cfg.trainer.resume):
+        add_resume(run_dir, given)
+        return
+    check_fresh_run_dir(run_dir)  # before the record of an earlier run could be replaced
+    choices: dict[str, str] = {}
+    if HydraConfig.initialized():
+        runtime_choices = HydraConfig.get().runtime.choices
+        choices = {str(k): str(v) for k, v in runtime_choices.items() if not str(k).startswith("hydra/") and v is not None}
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    write_run_record(run_dir, overrides=given, config={str(k): v for k, v in config.items()}, choices=choices)
+
+
+def _run(cfg: DictConfig, plugins: Plugins, given: list[str]) -> int:
     spec = plugins.backend(str(cfg.backend.name))
     if spec.kind == "driving":
         check_driving_settings(cfg, str(spec.name))
@@ -61,24 +90,32 @@ def _run(cfg: DictConfig, plugins: Plugins) -> int:
         return int(backend.run(cfg))
     from core.trainer import run_training
 
+    _record_run(cfg, given)
     return run_training(cfg, plugins)  # its last lines say where the run is and what next
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     from core.config import PRIMARY_CONFIG
-    from core.entry import load_checked_plugins, run_hydra
+    from core.entry import load_checked_plugins, resume_argv, run_hydra
+    from core.errors import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    plugins = load_checked_plugins(argv)
+    try:
+        composed_argv = resume_argv(argv)  # a resume composes with the run's stored overrides
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    plugins = load_checked_plugins(composed_argv)
     if plugins is None:
         return 2
+    given = [a for a in argv if not a.startswith("-")]
 
     def body(cfg: DictConfig) -> int:
         plugins.check_config(cfg)
-        return _run(cfg, plugins)
+        return _run(cfg, plugins, given)
 
-    return run_hydra(PRIMARY_CONFIG, argv, body, module="core.train")
+    return run_hydra(PRIMARY_CONFIG, composed_argv, body, module="core.train")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ Usage::
 
 The config is ``core.train``'s (task, backend, runtime, reward, gateway) plus
 the ``eval`` section (``core.eval.config.EvalConfig``); docs/eval.md lists it.
+With ``eval.checkpoint`` the run's own overrides (``<run_dir>/tracerl_run.yaml``)
+come first, so a checkpoint loads into the model it was trained as; overrides
+given here win.
 """
 
 from __future__ import annotations
@@ -28,8 +31,17 @@ def main(argv: list[str] | None = None) -> int:
         from core.eval.compare import compare_main
 
         return compare_main(argv[1:])
-    from core.entry import load_checked_plugins, run_hydra
+    from core.entry import load_checked_plugins, run_argv, run_hydra
 
+    checkpoint = [a.split("=", 1)[1] for a in argv if a.startswith("eval.checkpoint=")]
+    if checkpoint and checkpoint[-1]:
+        from core.errors import ConfigError
+
+        try:
+            argv = run_argv(argv, checkpoint[-1])
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     endpoint = any(a.startswith("eval.endpoint=") for a in argv)
     plugins = load_checked_plugins(argv, skip=("backend",) if endpoint else ())
     if plugins is None:

@@ -159,7 +159,7 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[A
     backend = spec.factory(cfg)
     closers.append(backend.aclose)
     if ev.checkpoint:
-        await backend.load_state(resolve_checkpoint(str(ev.checkpoint)))
+        await _load_checkpoint(backend, str(ev.checkpoint))
     gateway = Gateway(
         tokenizer=backend.get_tokenizer(),
         sampler=backend.sampler,
@@ -171,6 +171,30 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[A
     closers.append(stack.aclose)
     label = f"{backend.model_id()} @ {ev.checkpoint}" if ev.checkpoint else f"{backend.model_id()} (base)"
     return stack.runner, label, gateway.renderer.decode
+
+
+async def _load_checkpoint(backend: Any, checkpoint: str) -> None:
+    """Load a checkpoint into ``backend``; a misfit says where the run's own settings are."""
+    from core.errors import TracerlError
+    from core.rundir.runconfig import RUN_FILE, run_dir_of
+
+    try:
+        await backend.load_state(resolve_checkpoint(checkpoint))
+    except TracerlError as exc:
+        record = run_dir_of(checkpoint) / RUN_FILE
+        where = (
+            f"{record} holds them and python -m core.eval applies them first, so an override "
+            "given here changed the model"
+            if record.is_file()
+            else f"the run left no {RUN_FILE} (written by runs since it was added): repeat its "
+            "training overrides (the task's too: the tiny model's vocabulary comes from it)"
+        )
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = " ".join(lines[:3]) + (f" ... ({len(lines) - 3} more lines)" if len(lines) > 3 else "")
+        raise ConfigError(
+            f"eval.checkpoint={checkpoint!r} does not load into the model configured here ({detail}). "
+            f"It was trained with other settings: {where}"
+        ) from exc
 
 
 def _json_safe(value: Any) -> Any:

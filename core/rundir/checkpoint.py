@@ -7,7 +7,8 @@ state cannot be read is skipped for the previous complete checkpoint. The state
 records the size of every file the backend wrote into a local ``backend_path``
 (fsynced first); a checkpoint whose backend files are missing, empty or of
 another size (a torn ``state.pt``) is skipped the same way.
-``RunDirLock`` keeps two runs out of one ``run_dir``.
+``RunDirLock`` keeps two runs out of one ``run_dir``; ``prune_checkpoints`` keeps
+the newest few (and one chosen step, the best by eval) and deletes the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +183,31 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
         return None
     step, path, state = max(found, key=lambda item: item[0])
     return Checkpoint(step=step, path=path, state=state)
+
+
+def prune_checkpoints(run_dir: Path, *, keep_last: int, keep_steps: set[int] | frozenset[int] = frozenset()) -> list[Path]:
+    """Delete complete checkpoints but the newest ``keep_last`` and those of ``keep_steps``.
+
+    ``keep_last`` 0 keeps all. Directories without a state file (a save under way, or one
+    a crash cut short) are left alone. Returns the deleted directories.
+    """
+    if keep_last <= 0:
+        return []
+    found = existing_checkpoints(run_dir)
+    deleted = []
+    for path in found[: max(0, len(found) - keep_last)]:
+        try:
+            step = int(json.loads((path / STATE_FILE).read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable: not ours to judge; latest_checkpoint skips it anyway
+        if step in keep_steps:
+            continue
+        # The state file goes first: a deletion cut short leaves an incomplete
+        # checkpoint that resume ignores, never a complete-looking torn one.
+        (path / STATE_FILE).unlink()
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
 
 
 class RunDirLock:

@@ -138,11 +138,23 @@ class TrainerConfig:
     keep_traces: int = 100
     """Most training steps whose traces are kept: older files are deleted as new ones are
     written, so a long run's ``traces/`` stays bounded; 0 keeps all. Evaluations are all kept."""
+    keep_checkpoints: int = 3
+    """Most recent checkpoints kept: older ones are deleted after each save (a real
+    model's full state is tens of GB each); 0 keeps all. More than one leaves a resume
+    something to fall back to when the newest is torn."""
+    keep_best_checkpoint: bool = True
+    """Also keep the checkpoint of the step with the best ``eval/reward_mean`` (an
+    evaluation at a step that saved one: align ``eval_every`` with ``save_every``)."""
 
     def __post_init__(self) -> None:
         """Refuse sizes, guards and async settings core's loop cannot run with."""
         if self.batch_size < 1 or self.group_size < 1:
             raise ConfigError("trainer.batch_size and trainer.group_size must be >= 1")
+        if isinstance(self.keep_checkpoints, bool) or int(self.keep_checkpoints) < 0:
+            raise ConfigError(
+                f"trainer.keep_checkpoints={self.keep_checkpoints!r} must be 0 (keep all) or the "
+                "number of recent checkpoints to keep"
+            )
         check_exclude_on(self.exclude_on)
         if self.mode not in MODES:
             raise ConfigError(f"trainer.mode={self.mode!r}; use sync or async")

@@ -47,10 +47,18 @@ from core.rollout import DataOrder, RolloutOutcome, prepare_data, start_rollout_
 from core.rundir.checkpoint import (
     RunDirLock,
     checkpoint_dir,
+    existing_checkpoints,
     latest_checkpoint,
+    prune_checkpoints,
     write_trainer_state,
 )
-from core.rundir.metrics import CONSOLE_LEGEND, MetricsWriter, closing_lines, console_line
+from core.rundir.metrics import (
+    CONSOLE_LEGEND,
+    MetricsWriter,
+    closing_lines,
+    console_line,
+    read_metrics,
+)
 from core.rundir.report import write_report
 from core.rundir.traces import TraceWriter
 from core.trainer.config import ASYNC_TIS_CAP, load_train_config
@@ -299,6 +307,26 @@ class Trainer:
         write_trainer_state(path, state)
         return time.perf_counter() - t0
 
+    def _prune(self, evals: dict[str, float]) -> None:
+        """Apply ``trainer.keep_checkpoints``, keeping the best-by-eval one when asked.
+
+        ``evals`` is this step's evaluation, not yet in ``metrics.jsonl``.
+        """
+        keep: set[int] = set()
+        if self.t.keep_best_checkpoint:
+            saved = {int(p.name.removeprefix("step_")) for p in existing_checkpoints(self.run_dir)}
+            scores = {
+                int(r["step"]): float(r["eval/reward_mean"])
+                for r in read_metrics(self.run_dir / "metrics.jsonl")
+                if isinstance(r.get("eval/reward_mean"), int | float) and "step" in r
+            }
+            if "eval/reward_mean" in evals:
+                scores[self.step] = float(evals["eval/reward_mean"])
+            ranked = [(score, step) for step, score in scores.items() if step in saved and math.isfinite(score)]
+            if ranked:
+                keep.add(max(ranked)[1])  # a tie keeps the later step
+        prune_checkpoints(self.run_dir, keep_last=self.t.keep_checkpoints, keep_steps=keep)
+
     async def _resume(self) -> None:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
@@ -387,13 +415,16 @@ class Trainer:
             flow.update(self.fleet.metrics())
         self.step += 1
         source_state = await source.settle(batch)
-        if self.t.save_every and self.step % self.t.save_every == 0 and self.step < self.t.max_steps:
+        saved = bool(self.t.save_every and self.step % self.t.save_every == 0 and self.step < self.t.max_steps)
+        if saved:
             times.checkpoint = await self._checkpoint(source_state)
         evals: dict[str, float] = {}
         if self.t.eval_every and self.step % self.t.eval_every == 0:
             t0 = time.perf_counter()
             evals = await self.evaluate()
             times.eval = time.perf_counter() - t0
+        if saved:
+            self._prune(evals)
         step_time = time.perf_counter() - t_step
         flow.update(source.idle_metrics(batch, step_time))
         record = step_metrics(
@@ -481,6 +512,7 @@ class Trainer:
                 final.update(await self.evaluate())
             final["time/train_wall"] = time.perf_counter() - t_run
             await self._checkpoint(end.state)
+            self._prune(final)
             self.metrics.write(final)
             write_report(self.run_dir)
             if self.console:

@@ -13,8 +13,8 @@ The layers, lowest first; a folder may import its own modules and any lower laye
 5. what scores rollouts: ``rewards``
 6. what reads rollouts: ``eval``, ``view``
 7. the training loop: ``trainer``
-8. composition and entry points: ``config``, ``testing``, ``train``, ``entry`` and every
-   ``__main__``
+8. composition and entry points: ``config``, ``testing``, ``train``, ``entry``, ``export``
+   and every ``__main__``
 
 Imports inside functions count: a lazy import hides a dependency, it does not remove it.
 """
@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "testing": 8,
     "train": 8,
     "entry": 8,
+    "export": 8,
 }
 ENTRY_POINTS = {"core.train", "core.entry"}
 

@@ -185,3 +185,19 @@ def test_each_metrics_record_is_fsynced_and_the_report_replaced_whole(
     out = write_report(tmp_path)
     assert replaced == ["report.html"] and out.read_text().startswith("<!doctype html>")
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_prune_keeps_the_newest_and_the_chosen_and_leaves_incomplete_ones(tmp_path: Path) -> None:
+    from core.rundir.checkpoint import prune_checkpoints
+
+    for step in (1, 2, 3, 4, 5):
+        _save_with_backend(tmp_path, step)
+    unfinished = checkpoint_dir(tmp_path, 6)
+    (unfinished / "backend").mkdir(parents=True)  # a save under way: no state file yet
+    deleted = prune_checkpoints(tmp_path, keep_last=2, keep_steps={2})
+    assert [p.name for p in deleted] == ["step_000001", "step_000003"]
+    assert [p.name for p in existing_checkpoints(tmp_path)] == ["step_000002", "step_000004", "step_000005"]
+    assert unfinished.is_dir()
+    assert prune_checkpoints(tmp_path, keep_last=0) == []  # 0 keeps all
+    found = latest_checkpoint(tmp_path)
+    assert found is not None and found.step == 5

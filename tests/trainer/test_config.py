@@ -45,3 +45,20 @@ def test_the_schema_default_is_the_one_the_loop_uses() -> None:
 def test_a_bad_setting_is_refused_at_conversion(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_train_config(compose_config([override]))
+
+
+QWEN3_NO_THINKING = "+gateway.chat_template_kwargs.enable_thinking=false"
+"""The override docs/real_models.md and docs/samplers.md give for Qwen3's thinking switch."""
+
+
+def test_the_documented_enable_thinking_override_composes_and_reaches_the_gateway() -> None:
+    from pathlib import Path
+
+    typed = load_train_config(compose_config([QWEN3_NO_THINKING]))
+    assert typed.gateway.chat_template_kwargs == {"enable_thinking": False}
+    # Without the '+' Hydra refuses it (the key is not in the empty dict): the docs give the form that works.
+    with pytest.raises(Exception, match="enable_thinking"):
+        compose_config([QWEN3_NO_THINKING.removeprefix("+")])
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for page in ("real_models.md", "samplers.md"):
+        assert QWEN3_NO_THINKING in (docs / page).read_text(), page

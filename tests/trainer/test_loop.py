@@ -472,3 +472,27 @@ def test_steps_replayed_after_a_crash_are_logged_once(tmp_path: Path) -> None:
     assert [r["step"] for r in raw if "reward/mean" in r] == [1, 2, 3, 4, 3, 4]  # 3 and 4 replayed
     records = [r for r in read_metrics(resumed.run_dir / "metrics.jsonl") if "reward/mean" in r]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("keep_best", [True, False])
+def test_checkpoint_retention_keeps_the_last_k_and_the_best_by_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_best: bool
+) -> None:
+    scores = {0: 0.5, 1: 0.2, 2: 0.9, 3: 0.1, 4: 0.3, 5: 0.2}  # step 2 is the best evaluated step
+
+    async def scripted_eval(self: Trainer) -> dict[str, float]:
+        return {"eval/reward_mean": scores[self.step]}
+
+    monkeypatch.setattr(Trainer, "evaluate", scripted_eval)
+    cfg, plugins = _cfg(tmp_path, "trainer.max_steps=5", "trainer.save_every=1", "trainer.eval_every=1",
+                        "trainer.keep_checkpoints=2", f"trainer.keep_best_checkpoint={str(keep_best).lower()}")
+    trainer = _train(cfg, plugins)
+    kept = sorted(p.name for p in (trainer.run_dir / "checkpoints").iterdir())
+    assert kept == (["step_000002"] if keep_best else []) + ["step_000004", "step_000005"]
+
+
+def test_keep_checkpoints_must_not_be_negative(tmp_path: Path) -> None:
+    cfg, plugins = _cfg(tmp_path, "trainer.keep_checkpoints=-1")
+    with pytest.raises(ConfigError, match=r"trainer.keep_checkpoints=-1 must be 0 \(keep all\)"):
+        Trainer(cfg, plugins)

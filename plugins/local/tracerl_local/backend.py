@@ -367,6 +367,25 @@ class LocalBackend:
         async with self._lock:
             return await asyncio.to_thread(export_weights, self._model, path, self._version)
 
+    async def export_model(self, path: str, *, adapter: bool = False) -> str:
+        """Write a Hugging Face model directory of the current weights (``python -m core.export``).
+
+        Weights (LoRA merged, or with ``adapter`` the peft adapter), tokenizer with chat
+        template and a generation config that stops where the gateway did; see
+        ``tracerl_local.export``. Returns the absolute path.
+
+        Raises:
+            ConfigError: ``path`` is not new or empty, or ``adapter`` without LoRA.
+        """
+        self._check_open()
+        from tracerl_local.export import export_model
+
+        info = {"base_model": self.config.model, "weight_version": self._version, "seed": self.seed}
+        async with self._lock:
+            return await asyncio.to_thread(
+                export_model, self._model, self._tokenizer, path, adapter=adapter, info=info
+            )
+
     # -- checkpoints ----------------------------------------------------------------------
 
     def _state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,126 @@
+"""``python -m core.export``: a trained run's checkpoint as a Hugging Face model directory (#30).
+
+A real 2-step run of the embedded task (``python -m core.train``, tiny model, with and
+without LoRA) is exported from its run directory alone; the directory loaded by
+``transformers.AutoModelForCausalLM.from_pretrained`` gives the logprobs the trainer
+computes for the checkpoint, and its tokenizer the trainer's token ids and chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from local_helpers import run
+from tracerl_local.backend import LocalBackend
+
+from core.entry import run_argv
+from core.eval.cli import resolve_checkpoint
+from core.export import _compose, main
+from core.plugins import load_plugins
+from core.types import Datum
+
+ROOT = Path(__file__).resolve().parents[3]
+CHAT = [{"role": "user", "content": "Next digit after 3?"}, {"role": "assistant", "content": "4"}]
+
+
+def _train(run_dir: Path, *extra: str) -> None:
+    """A 2-step run whose updates move the weights (entropy bonus, large step size)."""
+    paths = [str(ROOT), str(ROOT / "plugins" / "local"), os.environ.get("PYTHONPATH", "")]
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "core.train", f"run_dir={run_dir}", "trainer.max_steps=2",
+            "trainer.batch_size=2", "trainer.group_size=2", "trainer.eval_size=2", "trainer.progress=false",
+            "runtime.num_processes=1", "algorithm.learning_rate=0.05", *extra,
+        ],
+        capture_output=True, text=True, timeout=300, cwd=run_dir.parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _trainer_logprobs(run_dir: Path, *, load: bool) -> tuple[list[float], list[int], str]:
+    """Logprobs of the chat's tokens as the run's backend computes them for training."""
+    plugins = load_plugins()
+    cfg = _compose(run_argv([], str(run_dir)), plugins)
+    backend = LocalBackend.from_config(cfg)
+    try:
+        if load:
+            run(backend.load_state(resolve_checkpoint(str(run_dir))))
+        tok = backend.get_tokenizer()
+        text = tok.apply_chat_template(CHAT, tokenize=False)
+        ids = list(tok.encode(text, add_special_tokens=False))
+        n = len(ids) - 1
+        datum = Datum(model_input=ids[:-1], target_tokens=ids[1:], logprobs=[0.0] * n, advantages=[0.0] * n, weights=[1.0] * n)
+        result = run(backend.forward_backward([datum], "cross_entropy", {}))
+        return [float(x) for x in result.logprobs[0]], ids, str(text)
+    finally:
+        run(backend.aclose())
+
+
+def _hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return [float(x) for x in lp]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["full", "lora merged", "lora adapter"])
+def test_exported_directory_gives_the_trainers_logprobs(tmp_path: Path, mode: str) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    if mode != "full":
+        pytest.importorskip("peft", reason="LoRA needs the tracerl-local[lora] extra")
+    run_dir = tmp_path / "run"
+    lora = ["backend.lora.enabled=true", "backend.lora.rank=4", "backend.lora.alpha=8"] if mode != "full" else []
+    _train(run_dir, *lora)
+    out = tmp_path / "exported"
+    assert main([str(run_dir), str(out), *(["--adapter"] if mode == "lora adapter" else [])]) == 0
+
+    trained, ids, text = _trainer_logprobs(run_dir, load=True)
+    initial, _, _ = _trainer_logprobs(run_dir, load=False)
+    # The checkpoint's weights moved, so a directory of the initial weights would fail below.
+    assert max(abs(a - b) for a, b in zip(trained, initial, strict=True)) > 1e-3
+    exported = _hf_logprobs(out, ids)
+    assert exported == pytest.approx(trained, abs=2e-5)
+
+    # The tiny preset's own byte-level BPE in a Qwen2 architecture: transformers' AutoTokenizer
+    # swaps in Qwen2Tokenizer's pre-tokenizer for a qwen2 config (a real Qwen checkpoint's own
+    # class), so the tiny tokenizer is read with the generic class it was built as.
+    tok = PreTrainedTokenizerFast.from_pretrained(str(out))
+    assert tok.apply_chat_template(CHAT, tokenize=False) == text
+    assert list(tok.encode(text, add_special_tokens=False)) == ids
+    record = json.loads((out / "tracerl_export.json").read_text())
+    assert record["format"] == {"full": "full", "lora merged": "merged", "lora adapter": "peft_adapter"}[mode]
+    if mode == "lora adapter":
+        assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+        assert (out / "base" / "model.safetensors").is_file()
+    else:
+        assert not (out / "adapter_config.json").exists()
+        eos = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+        assert tok.convert_tokens_to_ids("<|im_end|>") in (eos if isinstance(eos, list) else [eos])
+
+
+def test_export_refuses_a_non_empty_directory_and_adapter_without_lora(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    _train(run_dir)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("mine")
+    assert main([str(run_dir), str(busy)]) == 1
+    assert "not an empty directory" in capsys.readouterr().err
+    assert (busy / "keep.txt").read_text() == "mine"
+    assert main([str(run_dir), str(tmp_path / "a"), "--adapter"]) == 1
+    assert "backend.lora.enabled=false" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
