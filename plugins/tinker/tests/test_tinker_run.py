@@ -81,10 +81,11 @@ def test_run_rebinds_checkpoints_and_resumes(tmp_path: Path, service: FakeServic
     assert [c.steps for c in service.sampling_clients] == [0, 1, 2]
     # a checkpoint per step; the loop stored the tinker:// path to resume from
     state = json.loads((run_dir / "checkpoints" / "step_000001" / "trainer_state.json").read_text())
-    assert state["backend_path"] == "tinker://run-1/weights/step_000001_backend"
+    # named with the weight version each holds, so a resume serves that version
+    assert state["backend_path"] == "tinker://run-1/weights/step_000001_backend-v1"
     assert service.log.saves == [
-        "tinker://run-1/weights/step_000001_backend",
-        "tinker://run-1/weights/step_000002_backend",
+        "tinker://run-1/weights/step_000001_backend-v1",
+        "tinker://run-1/weights/step_000002_backend-v2",
     ]
     assert service.log.closes == ["success"]
 
@@ -93,9 +94,12 @@ def test_run_rebinds_checkpoints_and_resumes(tmp_path: Path, service: FakeServic
     assert asyncio.run(trainer.run()) == 0
     assert trainer.step == 3
     assert service.log.creates[-1]["kind"] == "from_state"
-    assert service.log.creates[-1]["path"] == "tinker://run-1/weights/step_000002_backend"
+    assert service.log.creates[-1]["path"] == "tinker://run-1/weights/step_000002_backend-v2"
     assert service.training_clients[-1].steps == 3  # restored 2 steps, trained 1 more
     assert service.log.closes == ["success", "success"]
+    # the version went on from the checkpoint's (it restarted at 1, reusing version 1's label)
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["weight_version"] for r in records if r["step"] == 3] == [3]
 
 
 @pytest.mark.integration
