@@ -58,8 +58,14 @@ class GatewayConfig:
     count (``max_pending_headers_per_client`` bounds those). 0 means no cap."""
     max_pending_headers_per_client: int = 64
     """Connections one client address may hold while they still send their request headers;
-    beyond it that address's oldest such connections (those over a second old) are closed, so
-    half-sent headers on thousands of connections cannot crowd out the agents. 0 means no cap."""
+    beyond it that address's oldest such connections (those older than
+    ``pending_headers_grace_s``) are closed, so half-sent headers on thousands of connections
+    cannot crowd out the agents. 0 means no cap."""
+    pending_headers_grace_s: float = 10.0
+    """Age under which a connection still sending its headers is never closed for
+    ``max_pending_headers_per_client``. Local agents all share one address (127.0.0.1), and on
+    a loaded machine a burst of them can wait seconds before the gateway's loop reads their
+    headers: they are not an attack, so only connections pending longer than this are."""
     max_turns_per_session: int = 1024
     """Turns one session may record; further requests get 400 ``session_turn_limit``. Bounds a
     session's memory to about this many turns of ``max_context_tokens``. 0 means no cap."""
@@ -93,6 +99,7 @@ class GatewayConfig:
             "keep_alive_timeout_s": self.keep_alive_timeout_s,
             "max_connections": self.max_connections,
             "max_pending_headers_per_client": self.max_pending_headers_per_client,
+            "pending_headers_grace_s": self.pending_headers_grace_s,
             "max_turns_per_session": self.max_turns_per_session,
             "max_stop_strings": self.max_stop_strings,
             "render_offload_chars": self.render_offload_chars,

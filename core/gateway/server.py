@@ -90,18 +90,14 @@ def tune_gc() -> bool:
     return True
 
 
-PENDING_GRACE_S = 1.0
-"""Age under which a connection still sending its headers is never closed for its address's
-``max_pending_headers_per_client``: a burst of new agent connections is not an attack."""
-
-
-def _protocol_class(max_connections: int, max_pending_per_client: int) -> type[asyncio.Protocol]:
+def _protocol_class(max_connections: int, max_pending_per_client: int, grace_s: float) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol, noting since when a request's headers are awaited.
 
     Connections still sending headers are tracked per client address: they do not count
     toward ``max_connections`` (checked here instead of by uvicorn's ``limit_concurrency``,
     which counts every open socket, so half-sent headers turned agents' requests into
-    503s), and beyond ``max_pending_per_client`` an address's oldest ones are closed.
+    503s), and beyond ``max_pending_per_client`` an address's oldest ones (pending for more
+    than ``grace_s``) are closed.
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -126,7 +122,7 @@ def _protocol_class(max_connections: int, max_pending_per_client: int) -> type[a
             mine = pending.setdefault(self.peer, {})
             mine[self] = since
             if max_pending_per_client and len(mine) > max_pending_per_client:
-                cutoff = since - PENDING_GRACE_S
+                cutoff = since - grace_s
                 old = sorted((t, id(c), c) for c, t in mine.items() if t < cutoff and c is not self)
                 for _, _, conn in old[: len(mine) - max_pending_per_client]:
                     conn._close_for_pending()
@@ -243,7 +239,9 @@ class GatewayServer:
             limit_concurrency=None,
             # Agents reach the gateway directly; X-Forwarded-* rewriting is per-request work for nothing.
             proxy_headers=False,
-            http=_protocol_class(cfg.max_connections, cfg.max_pending_headers_per_client),
+            http=_protocol_class(
+                cfg.max_connections, cfg.max_pending_headers_per_client, cfg.pending_headers_grace_s
+            ),
         )
         logging.getLogger("uvicorn.error").addFilter(_cap_filter)  # idempotent: a set of filters
         self._server = _server_class()(config)
