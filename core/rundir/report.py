@@ -1,6 +1,7 @@
 """The end-of-run report: an HTML page with the reward curves (inline SVG, no plotting
-library needed) and the final figures. Built from ``read_metrics``, so steps an
-interrupted run logged and its resumed run replayed count once."""
+library needed) and the final figures (with the tool calls that failed to parse, when
+the run offered tools). Built from ``read_metrics``, so steps an interrupted run logged
+and its resumed run replayed count once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from core.rundir.metrics import read_metrics
+from core.types import ParseStatus
 
 _W, _H, _PAD = 640, 260, 36
 
@@ -34,6 +36,26 @@ def _series(records: list[dict[str, Any]], key: str) -> list[tuple[float, float]
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and "step" in r:
             by_step[float(r["step"])] = float(v)
     return sorted(by_step.items())
+
+
+def _parse_failures(records: list[dict[str, Any]]) -> str | None:
+    """The run's tool calls that failed to parse, by status (``gateway/parse/*``, each step
+    once); None when no step offered tools."""
+    steps: dict[Any, dict[str, Any]] = {}
+    for r in records:
+        if "gateway/turns_with_tools" in r and "step" in r:
+            steps[r["step"]] = r
+
+    def total(key: str) -> int:
+        return int(sum(float(r.get(key) or 0) for r in steps.values()))
+
+    offered = total("gateway/turns_with_tools")
+    if offered <= 0:
+        return None
+    failed = {s.value: total(f"gateway/parse/{s.value}") for s in ParseStatus if s.failed}
+    why = ", ".join(f"{n} {s}" for s, n in failed.items() if n)
+    n = sum(failed.values())
+    return f"{n} of {offered} turns with tools ({n / offered:.1%})" + (f": {why}" if why else "")
 
 
 def write_report(run_dir: Path) -> Path:
@@ -63,6 +85,9 @@ def write_report(run_dir: Path) -> Path:
         ("train reward, mean of last 5 steps", f"{final:.3f}"),
         ("eval reward, first / last", f"{evals[0][1]:.3f} / {evals[-1][1]:.3f}" if evals else "n/a"),
     ]
+    parse = _parse_failures(records)
+    if parse is not None:
+        rows.append(("tool calls that failed to parse", parse))
     table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>tracerl run report</title>"

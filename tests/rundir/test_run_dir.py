@@ -166,6 +166,21 @@ def test_steps_replayed_after_a_resume_count_once(tmp_path: Path) -> None:
     assert train_curve is not None and len(train_curve.group(1).split()) == 6  # one point per step
 
 
+def test_the_report_counts_tool_calls_that_failed_to_parse_when_tools_were_offered(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path, ["jsonl"], config={})
+    writer.write({"step": 1, "reward/mean": 0.0, "gateway/turns_with_tools": 0.0, "gateway/parse/no_tools": 8.0})
+    writer.close()
+    assert "failed to parse" not in write_report(tmp_path).read_text()  # no tools offered: no line
+    writer = MetricsWriter(tmp_path, ["jsonl"], config={})
+    writer.write({"step": 2, "reward/mean": 0.0, "gateway/turns_with_tools": 8.0, "gateway/parse/calls": 5.0,
+                  "gateway/parse/bad_json": 2.0, "gateway/parse/unknown_tool": 1.0})
+    writer.write({"step": 3, "reward/mean": 0.0, "gateway/turns_with_tools": 2.0, "gateway/parse/calls": 2.0})
+    writer.close()
+    page = write_report(tmp_path).read_text()
+    want = "<td>tool calls that failed to parse</td><td>3 of 10 turns with tools (30.0%): 1 unknown_tool, 2 bad_json</td>"
+    assert want in page, page
+
+
 def test_each_metrics_record_is_fsynced_and_the_report_replaced_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
