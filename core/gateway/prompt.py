@@ -231,12 +231,13 @@ class PromptBuilder:
             # it in history (render_continuation checks); else the template's own rendering
             # of the history starts a new row.
             reasoning = parent.reasoning and not self.config.keep_reasoning
-            size += renderer.anchor_chars(req.tools, default=req.size, reasoning=reasoning)
+            system = _system_prompt(path[0].canon)
+            size += renderer.anchor_chars(req.tools, default=req.size, reasoning=reasoning, system=system)
             try:
                 if reasoning and not req.units[gen].canon()[-1].get("reasoning_content"):
                     raise TailUnsupported("the client did not send the turn's reasoning back")
                 calls = tuple(c["function"]["name"] for c in path[gen].canon[-1].get("tool_calls") or ())
-                served = ServedTurn(parent.emitted_closer, reasoning=reasoning, calls=calls)
+                served = ServedTurn(parent.emitted_closer, reasoning=reasoning, calls=calls, system=system)
                 delta = await self.render(
                     s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, served,
                     limit=None if limit is None else limit - parent.end, already=parent.end,
@@ -263,6 +264,15 @@ def _surrogate_field(units: Sequence[Unit], tools: list[dict[str, Any]] | None) 
             return ("system" if u.index < 0 else f"messages[{u.index}]") + where
     where = lone_surrogate(tools) if tools else None
     return "tools" + where if where is not None else "a message"
+
+
+def _system_prompt(first: list[dict[str, Any]]) -> str | None:
+    """The system prompt of a conversation whose first unit's messages are ``first`` (None
+    without one): the anchor a tail is rendered after starts with it (``ServedTurn.system``)."""
+    head = first[0] if first else None
+    if head is None or head.get("role") != "system" or not isinstance(head.get("content"), str):
+        return None
+    return str(head["content"])
 
 
 def _message_chars(message: dict[str, Any]) -> int:

@@ -15,13 +15,19 @@ Defines ``ChatRenderer``:
   (tokenizing is the expensive step: seconds for megabytes).
 
 How the tail is rendered without the history: the template is rendered on a
-fixed two-message *anchor* conversation (``user``, ``assistant``) with the same
-tools, once with the new messages appended and once without; the tail text is
-the difference, and the closer is what the template writes after the anchor's
+fixed two-message *anchor* conversation (``user``, ``assistant``; after the
+conversation's own system message when it has one) with the same tools, once
+with the new messages appended and once without; the tail text is the
+difference, and the closer is what the template writes after the anchor's
 assistant content. This works for every template whose rendering of a message
 depends only on its neighbours (ChatML/Qwen, Llama 3, Hermes); a template that
-fails the self-check (the anchor render is not a prefix) makes the session fall
-back to full renders and counts it.
+fails the self-check (the anchor render is not a prefix: it rewrites what came
+before, e.g. Mistral v3 moves the system prompt to the last user message) makes
+the turn fall back to a full render and counts it.
+
+Tool calls: after a turn that called tools, the tail is rendered incrementally only
+when the template writes the calls in history (DeepSeek R1's drops them: the served
+tokens hold calls its rendering does not, so the history is rendered whole).
 
 Reasoning: after a turn whose reasoning the client sent back, the anchor's
 assistant message carries reasoning too, and the tail is rendered
@@ -149,6 +155,13 @@ class ServedTurn:
     """Names of the turn's tool calls. When the plain anchor fails, an anchor that makes these
     calls is tried (gpt-oss renders a tool-call turn unlike a plain answer, and names the call
     in the tool results)."""
+    system: str | None = None
+    """The conversation's system prompt (the content of its first message when that is a
+    system message), or None. The anchor conversation starts with it, so a template that
+    writes it somewhere that moves as messages follow (Mistral v3 puts it in front of the
+    *last* user message) fails the prefix check and the history is rendered whole, and a
+    template whose later rendering reads it (a reasoning switch in the system prompt) renders
+    the tail as it would after the real one."""
 
 
 class ChatRenderer:
@@ -193,6 +206,8 @@ class ChatRenderer:
         self._anchor_cache: OrderedDict[tuple[str, ...] | None, list[tuple[Any, str, str]]] = OrderedDict()
         self._anchor_chars = 0
         self._anchor_lock = threading.Lock()  # large renders run in worker threads
+        self._drops_calls: dict[tuple[str, ...] | None, bool] = {}
+        """``_writes_calls``' answers by anchor key (bounded by ``ANCHOR_CACHE_ENTRIES``)."""
         longest = _longest_token_chars(tokenizer)
         self.max_token_chars: int | None = _max_token_chars(tokenizer, self._backend, longest)
         """Most characters one token covers (``min_tokens``' divisor); None: no length bound."""
@@ -254,6 +269,7 @@ class ChatRenderer:
         clone._anchor_cache = OrderedDict()
         clone._anchor_chars = 0
         clone._anchor_lock = threading.Lock()
+        clone._drops_calls = {}
         return clone
 
     # ------------------------------------------------------------------ text
@@ -400,14 +416,16 @@ class ChatRenderer:
                 raise
         return len(self.encode(text))
 
-    def anchor_chars(self, tools: list[dict[str, Any]] | None, *, default: int, reasoning: bool = False) -> int:
-        """Characters of the cached anchor render for ``tools`` (what every tail render
-        re-renders), or ``default`` when it is not cached."""
-        if not tools:
+    def anchor_chars(
+        self, tools: list[dict[str, Any]] | None, *, default: int, reasoning: bool = False, system: str | None = None
+    ) -> int:
+        """Characters of the cached anchor render for ``tools`` after ``system`` (what every
+        tail render re-renders), or ``default`` when it is not cached."""
+        if not tools and system is None:
             return 0
         with self._anchor_lock:
-            for entry in self._anchor_cache.get(self._key(tools, reasoning), ()):
-                if same_json(entry[0], tools):
+            for entry in self._anchor_cache.get(self._key(tools, reasoning, system=system is not None), ()):
+                if same_json(entry[0], (tools, system)):
                     return len(entry[1])
         return default
 
@@ -416,23 +434,25 @@ class ChatRenderer:
         return sum(len(v) for v in self._anchor_cache.values()), self._anchor_chars
 
     def _anchor(
-        self, tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = ()
+        self, tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = (),
+        system: str | None = None,
     ) -> tuple[str, str]:
-        """(anchor text, closer) for ``tools``, cached by tool names and matched by ``same_json``
-        (equal, keys in the same order: what renders the same), never by ``==``.
+        """(anchor text, closer) for ``tools`` (and ``system``), cached by tool names and matched
+        by ``same_json`` (equal, keys in the same order: what renders the same), never by ``==``.
 
         ``call``: the anchor's assistant message calls these tools (the served turn's, so a
         template that names the last call in the tool results that follow renders them
         right); its closer is what the template writes after the last call's JSON
-        arguments (``<|call|>`` for gpt-oss).
+        arguments (``<|call|>`` for gpt-oss). ``system``: the anchor starts with this
+        system prompt (``ServedTurn.system``).
         """
-        key = self._key(tools, reasoning, call)
+        key = self._key(tools, reasoning, call, system=system is not None)
         with self._anchor_lock:
             for entry in self._anchor_cache.get(key, ()):
-                if same_json(entry[0], tools):
+                if same_json(entry[0], (tools, system)):
                     self._anchor_cache.move_to_end(key)
                     return entry[1], entry[2]
-        text = self.render_text(_anchor_messages(reasoning, call), tools, add_generation_prompt=False)
+        text = self.render_text(_anchor_messages(reasoning, call, system), tools, add_generation_prompt=False)
         marker = _ANCHOR_ARGUMENT if call else _ANCHOR_ASSISTANT
         cut = text.rfind(marker)
         if cut < 0:
@@ -446,19 +466,20 @@ class ChatRenderer:
         closer = text[cut:]
         if len(text) <= ANCHOR_CACHE_CHARS // 4:
             with self._anchor_lock:
-                self._remember(key, (tools, text, closer))
+                self._remember(key, ((tools, system), text, closer))
         return text, closer
 
     @staticmethod
     def _key(
-        tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = ()
+        tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = (), *, system: bool = False
     ) -> tuple[str, ...] | None:
         try:
             names = None if tools is None else tuple(str(t["function"]["name"]) for t in tools)
         except (KeyError, TypeError):
             names = ("\0unnamed",)
-        if reasoning or call:
-            return ("\0reasoning" if reasoning else "", "\0call", *call, "\0tools", *(names or ()))
+        if reasoning or call or system:
+            return ("\0reasoning" if reasoning else "", "\0system" if system else "", "\0call", *call,
+                    "\0tools", *(names or ()))
         return names
 
     def _remember(self, key: tuple[str, ...] | None, entry: tuple[Any, str, str]) -> None:
@@ -504,30 +525,52 @@ class ChatRenderer:
             PromptTooLong: the continuation needs more than ``limit`` tokens.
             TemplateRefused: the template raised on the tail itself.
         """
-        emitted_closer, reasoning, calls = served.closer, served.reasoning, served.calls
+        if served.calls and not keep and not self._writes_calls(tools, served):
+            raise TailUnsupported("the template drops the turn's tool calls from history")
         try:
-            text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=keep)
+            text = self._tail_text(tail, tools, served, keep=keep)
         except TailUnsupported:
-            if not calls or keep or not emitted_closer:
+            if not served.calls or keep or not served.closer:
                 raise
-            text = self._tail_text(tail, tools, emitted_closer, reasoning=reasoning, keep=False, calls=calls)
+            text = self._tail_text(tail, tools, served, keep=False, calls=served.calls)
         self._check_fits(text, limit, already)
         return self.encode(text)
+
+    def _writes_calls(self, tools: list[dict[str, Any]] | None, served: ServedTurn) -> bool:
+        """Whether the template writes a tool-call turn's calls into history (DeepSeek R1's
+        drops them: it renders calls only for a message whose content is None, which no
+        canonical message has). False only when it renders the anchor that makes the
+        served turn's calls without their arguments; True when it writes them or refuses that
+        anchor (Mistral's refuse its made-up call ids: the tail render decides as before)."""
+        key = self._key(tools, served.reasoning, served.calls)
+        found = self._drops_calls.get(key)
+        if found is None:
+            try:
+                text = self.render_text(_anchor_messages(served.reasoning, served.calls), tools,
+                                        add_generation_prompt=False)
+            except TemplateRefused:
+                return True
+            found = _ANCHOR_ARGUMENT not in text
+            with self._anchor_lock:
+                if len(self._drops_calls) >= ANCHOR_CACHE_ENTRIES:
+                    self._drops_calls.clear()
+                self._drops_calls[key] = found
+        return not found
 
     def _tail_text(
         self,
         tail: Sequence[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        emitted_closer: str,
+        served: ServedTurn,
         *,
-        reasoning: bool,
         keep: bool,
         calls: tuple[str, ...] = (),
     ) -> str:
         """``render_continuation``'s text, after a plain anchor or one that makes ``calls``."""
-        anchor = _anchor_messages(reasoning, calls)
+        emitted_closer, reasoning = served.closer, served.reasoning
+        anchor = _anchor_messages(reasoning, calls, served.system)
         try:
-            anchor_text, closer = self._anchor(tools, reasoning, calls)
+            anchor_text, closer = self._anchor(tools, reasoning, calls, served.system)
             full = self.render_text([*anchor, *tail], tools, add_generation_prompt=True)
         except TemplateRefused as exc:
             # The made-up anchor conversation may break a rule the real one keeps (a
@@ -583,9 +626,9 @@ def same_json(a: Any, b: Any) -> bool:
     return True
 
 
-def _anchor_messages(reasoning: bool, calls: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The made-up conversation a tail is rendered after (its assistant with reasoning or not,
-    answering or making ``calls``)."""
+def _anchor_messages(reasoning: bool, calls: tuple[str, ...] = (), system: str | None = None) -> list[dict[str, Any]]:
+    """The made-up conversation a tail is rendered after (the conversation's ``system`` prompt
+    first, when it has one; its assistant with reasoning or not, answering or making ``calls``)."""
     assistant: dict[str, Any] = {"role": "assistant", "content": "" if calls else _ANCHOR_ASSISTANT}
     if reasoning:
         assistant["reasoning_content"] = _ANCHOR_REASONING
@@ -594,7 +637,8 @@ def _anchor_messages(reasoning: bool, calls: tuple[str, ...] = ()) -> list[dict[
             {"id": f"call_anchor{i}", "type": "function", "function": {"name": name, "arguments": {"a": _ANCHOR_ARGUMENT}}}
             for i, name in enumerate(calls)
         ]
-    return [{"role": "user", "content": _ANCHOR_USER}, assistant]
+    head = [] if system is None else [{"role": "system", "content": system}]
+    return [*head, {"role": "user", "content": _ANCHOR_USER}, assistant]
 
 
 def _string_arguments(message: dict[str, Any]) -> dict[str, Any]:

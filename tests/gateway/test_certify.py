@@ -51,6 +51,16 @@ def call_id_template() -> str:
     return broken
 
 
+def dropped_calls_template() -> str:
+    """The tiny template, writing no tool call in history (as DeepSeek R1's writes none for a
+    message whose content is not None): the model still calls tools, Hermes-style."""
+    start = CHATML_TOOLS_TEMPLATE.index("{%- if message.tool_calls %}")
+    end = CHATML_TOOLS_TEMPLATE.index("{{- '<|im_end|>\\n' }}{%- elif message.role == 'tool' %}")
+    broken = CHATML_TOOLS_TEMPLATE[:start] + CHATML_TOOLS_TEMPLATE[end:]
+    assert "tool_call.arguments" not in broken and "<tool_call>" in broken  # still tells the model the format
+    return broken
+
+
 def tiny(template: str = CHATML_TOOLS_TEMPLATE, **kw: Any) -> Any:
     tok = build_tiny_tokenizer(**kw)
     tok.chat_template = template
@@ -102,6 +112,23 @@ def test_a_dropped_tool_call_id_fails_naming_the_first_differing_token() -> None
     assert {found["parallel_calls"], found["new_question"]} == {"fails"}
 
 
+def test_a_template_that_drops_tool_calls_from_history_forks_exactly() -> None:
+    """The model's calls come back to the client; the history the client sends back renders
+    without them, so the gateway starts a new row with the template's rendering (it does not
+    extend the served tokens, which hold the calls): a documented fork, every row exact. Only a
+    trained prompt the template does not render would fail."""
+    cert = certify(tiny(dropped_calls_template()))
+    found = verdicts(cert)
+    assert cert.verdict == "forks", cert.table()
+    assert found["plain"] == found["tools_unused"] == "holds"
+    assert found["tool_call"] == found["parallel_calls"] == found["new_question"] == "forks"
+    call = next(c for c in cert.cases if c.name == "tool_call")
+    assert call.rows == 2 and not call.problems
+    assert call.detail.startswith("the template writes no tool call in history (drops ['calculator'])")
+    # The served tokens hold the call ('<' of '<tool_call>'); the history closes the empty turn.
+    assert call.forks[0].endswith("served 30 '<', template 2 '<|im_end|>'"), call.forks
+
+
 EXPECTED = {
     "qwen2.5": ("holds", set()),
     "qwen3-coder": ("holds", set()),
@@ -110,12 +137,12 @@ EXPECTED = {
     "qwen3": ("forks", set()),
     "qwen3-nothink": ("forks", set()),
     "gpt-oss": ("forks", set()),
-    # R1's template writes no tool call in history: every tool case fails.
-    "deepseek-r1": ("fails", {"tool_call", "parallel_calls", "new_question", "unicode", "reasoning_sent_back",
-                              "reasoning_not_sent_back"}),
-    # Mistral v3 writes the system prompt in front of the last user message; without tools the
-    # gateway's tail render (its anchor has no system message) does not see it move.
-    "mistral-nemo": ("fails", {"system", "long_history"}),
+    # R1's template drops past reasoning and writes no tool call in history: the turn after
+    # either starts a new row with the template's rendering (exact).
+    "deepseek-r1": ("forks", set()),
+    # Mistral v3 writes the system prompt (and the tools) in front of the last user message:
+    # each new question re-renders the history.
+    "mistral-nemo": ("forks", set()),
 }
 """Each fixture family's verdict and failing cases (docs/gateway.md, Model families)."""
 

@@ -628,6 +628,39 @@ def test_mistral_tool_loop_on_responses_and_anthropic_messages_keeps_the_models_
     assert row.token_ids == expected
 
 
+@pytest.mark.parametrize("family", [("mistral-nemo", {})], indirect=True)
+def test_mistral_system_prompt_without_tools_moves_and_the_next_question_forks(family: tuple[Harness, Any]) -> None:
+    """Without tools Mistral v3 writes the system prompt in front of the *last* user message:
+    a second question moves it, so the served tokens are not the history's rendering. The
+    second turn starts a new row, mistral-common's encoding of the history (the gateway's tail
+    render starts from the conversation's system prompt, so it sees the move; before, it
+    extended the served tokens and trained a prompt the template never renders)."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    h, tok = family
+    eos = tok.convert_tokens_to_ids("</s>")
+    client = h.openai(sid := h.session())
+    history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a colour."}]
+    h.sampler.push([*ids(tok, "Blue."), eos])
+    history.append(client.chat.completions.create(model="tiny", messages=history)  # type: ignore[arg-type]
+                   .choices[0].message.model_dump(exclude_none=True))
+    history.append({"role": "user", "content": "Another one."})
+    h.sampler.push([*ids(tok, "Green."), eos])
+    client.chat.completions.create(model="tiny", messages=history)  # type: ignore[arg-type]
+    first, second = h.call(h.gw.finish_session, sid)
+
+    def encoded(messages: list[dict[str, Any]]) -> list[int]:
+        request = ChatCompletionRequest(messages=messages)  # type: ignore[arg-type]
+        return list(mistral_reference().encode_chat_completion(request).tokens)
+
+    assert first.token_ids == encoded(history[:2]) + [*ids(tok, "Blue."), eos]
+    prompt = encoded(history)
+    assert tok.decode(prompt).endswith(f"[INST]{SYSTEM}\n\nAnother one.[/INST]")
+    assert "[INST]Name a colour.[/INST]" in tok.decode(prompt)
+    assert second.token_ids == prompt + [*ids(tok, "Green."), eos]
+    assert trained(tok, second) == ["Green.</s>"]
+
+
 def coder_call(expression: str) -> str:
     """Qwen3-Coder's XML tool call, as its template writes one (and the model is trained to)."""
     return f"<tool_call>\n<function=calculator>\n<parameter=expression>\n{expression}\n</parameter>\n</function>\n</tool_call>"

@@ -42,6 +42,8 @@ class Reference:
                 self.specials.add(int(ident))
         self.special_texts = sorted({self.decode([i]) for i in self.specials}, key=len, reverse=True)
         self.string_arguments = self._wants_string_arguments()
+        self.think = False
+        """The gateway splits ``<think>`` reasoning (``written`` writes it as the model does)."""
 
     def _wants_string_arguments(self) -> bool:
         """Whether the template refuses dict arguments (it concatenates them as text)."""
@@ -106,40 +108,76 @@ class Reference:
         """The tokenizer encodes ``text`` without losing a character."""
         return self.decode(self.encode(text)) == text
 
+    def writes_calls(
+        self, history: Sequence[dict[str, Any]], assistant: dict[str, Any], tools: Sequence[dict[str, Any]],
+        extra: dict[str, Any],
+    ) -> bool:
+        """Whether the template writes any of ``assistant``'s tool calls when it follows ``history``
+        (DeepSeek R1's writes none: it renders calls only for a message whose content is None)."""
+        prompt = self.text(history, tools, extra, generation=True)
+        full = self.text([*history, assistant], tools, extra, generation=False)
+        text = full[_common(prompt, full) :]
+        return any(c["function"]["name"] in text for c in assistant.get("tool_calls") or ())
+
+    def opener_stop(
+        self, history: Sequence[dict[str, Any]], assistant: dict[str, Any], following: dict[str, Any],
+        tools: Sequence[dict[str, Any]], extra: dict[str, Any],
+    ) -> int | None:
+        """The end-of-turn id the template writes first after ``assistant`` when ``following``
+        comes next, where it writes no closer of its own: GLM's templates open the next message
+        with ``<|observation|>`` or ``<|user|>``, the ids its model stops on. None otherwise."""
+        alone = self.text([*history, assistant], tools, extra, generation=False)
+        try:
+            more = self.text([*history, assistant, following], tools, extra, generation=False)
+        except Exception:  # the template refuses what follows: no opener to read
+            return None
+        if not more.startswith(alone):
+            return None
+        after = self.encode(more[len(alone) :])
+        return after[0] if after and after[0] in self.end_of_turn else None
+
     def written(
         self, history: Sequence[dict[str, Any]], assistant: dict[str, Any], tools: Sequence[dict[str, Any]],
-        extra: dict[str, Any], *, think: bool,
+        extra: dict[str, Any], *, calls: str = "", stop: int | None = None,
     ) -> list[int]:
         """The tokens the model writes for ``assistant`` after ``history``'s generation prompt.
 
         What the template writes for the message in history, past the generation prompt
         (or past the part of it the history rendering shares: Qwen3 with thinking off
-        prompts an empty ``<think>`` block its history leaves out). ``think``: the gateway
-        splits ``<think>`` reasoning; a template that drops the reasoning even from the last
+        prompts an empty ``<think>`` block its history leaves out). With ``think`` set, the
+        gateway splits ``<think>`` reasoning; a template that drops the reasoning even from the last
         message (DeepSeek R1) gets it written as the model does, ``<think>\\nR\\n</think>\\n\\n``
         (without the opening tag when the prompt opened it). Cut after the first end-of-turn
         id; without one, a trailing special token (gpt-oss's ``<|end|>``) becomes the
-        end-of-turn id the model stops on.
+        end-of-turn id the model stops on. ``calls``: the message's tool calls as the model
+        writes them, for a template that writes none (``writes_calls``); put before the
+        end-of-turn id. ``stop``: the id the model stops on when the template writes no
+        end-of-turn id of its own after the message (``opener_stop``).
         """
         prompt = self.text(history, tools, extra, generation=True)
         full = self.text([*history, assistant], tools, extra, generation=False)
         text = full[self._cut(full, _common(prompt, full)) :]
         ids = self.encode(text)
-        if think:
+        if self.think:
             reasoning = str(assistant.get("reasoning_content") or "")
             opened = prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
             if reasoning and reasoning not in text:
                 ids = self.encode(("" if opened else THINK_OPEN + "\n") + reasoning + "\n" + THINK_CLOSE + "\n\n") + ids
             elif opened and THINK_CLOSE not in text:
                 ids = self.encode("\n" + THINK_CLOSE + "\n\n") + ids
-        stop = next((i for i, t in enumerate(ids) if t in self.end_of_turn), None)
-        if stop is not None:
-            if not _only_specials(self, ids[stop + 1 :]):
+        at = next((i for i, t in enumerate(ids) if t in self.end_of_turn), None)
+        if calls:
+            ids = [*ids[: len(ids) if at is None else at], *self.encode(calls), *ids[len(ids) if at is None else at :]]
+            at = next((i for i, t in enumerate(ids) if t in self.end_of_turn), None)
+        if at is not None:
+            if not _only_specials(self, ids[at + 1 :]):
                 raise Unwritable(
-                    f"the template writes this message past the end-of-turn token {self.decode(ids[stop : stop + 1])!r}: "
+                    f"the template writes this message past the end-of-turn token {self.decode(ids[at : at + 1])!r}: "
                     "the model cannot write it in one turn"
                 )
-            return ids[: stop + 1]
+            return ids[: at + 1]
+        if stop is not None:
+            return [*ids, stop]
         while ids and not self.decode(ids[-1:]).strip():  # trailing newlines after the closer
             ids = ids[:-1]
         eos = getattr(self.tokenizer, "eos_token_id", None)

@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = ["CERTIFIER_VERSION", "CaseResult", "Certificate", "TokenDiff"]
 
-CERTIFIER_VERSION = 1
+CERTIFIER_VERSION = 2
 """Bumped when the battery or the checks change, so cached certificates are redone."""
 
 VERDICTS = ("holds", "forks", "fails", "n/a")
