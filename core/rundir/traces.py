@@ -111,7 +111,8 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
 
     ``root`` is ``Session.root`` (nodes with ``canon``, ``turn`` and ``children``),
     ``turns`` is ``Session.turns``; a node's ``turn`` is the index of its generated
-    turn there (with that turn's ``weight_version`` and ``finish_reason``), or None
+    turn there (with that turn's ``weight_version``, ``finish_reason`` and, when a
+    weight update interrupted it, ``weight_versions``: each segment's, in order), or None
     for messages the agent sent. Read before the session is
     dropped; the message dicts are shared, not copied (the session is gone after).
     """
@@ -126,6 +127,8 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
             entry["turn"] = index.get(id(node.turn))
             entry["weight_version"] = node.turn.weight_version
             entry["finish_reason"] = str(node.turn.finish_reason)
+            if node.turn.segments:
+                entry["weight_versions"] = [g.weight_version for g in node.turn.segments]
             entry["parse"] = str(node.turn.parse)
             if node.turn.parse_detail:
                 entry["parse_detail"] = node.turn.parse_detail

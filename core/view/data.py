@@ -4,7 +4,8 @@
 (``metrics.jsonl`` plus which steps have traces), one stored step's rollouts in
 summary (with how many of each rollout's turns ended in each tool-call parse
 status, ``core.types.ParseStatus``), and one rollout in full (rows with every
-token's id, text, mask and logprob, and each turn's parse status). Trace files are re-read when they change on disk, so a page refresh
+token's id, text, mask and logprob, each turn's parse status and, for a turn a
+weight update interrupted, its segments). Trace files are re-read when they change on disk, so a page refresh
 sees the steps a running training wrote since.
 """
 
@@ -14,6 +15,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,15 @@ def parse_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
             if status is not None:
                 counts[status.value] = counts.get(status.value, 0) + 1
     return {s.value: counts[s.value] for s in ParseStatus if s.value in counts}
+
+
+def _stored_versions(turn: Sequence[Any]) -> list[int]:
+    """The weight versions of a stored turn (``core.rundir.traces.encode_turn``): its
+    segments' when a weight update interrupted it, else its own."""
+    for item in turn[4:]:
+        if isinstance(item, list) and item:
+            return [int(g[2]) for g in item]
+    return [int(turn[3])]
 
 
 def _parse_of(turn: TurnSpan) -> dict[str, str] | None:
@@ -171,7 +182,8 @@ class RunData:
             rows = r.get("rows", [])
             tokens = sum(len(x["token_ids"]) + (x["base"][1] if x.get("base") else 0) for x in rows)
             trained = sum(e - s for x in rows for s, e in x["mask"])
-            versions = sorted({t[3] for x in rows for t in x["turns"]})
+            versions = sorted({v for x in rows for t in x["turns"] for v in _stored_versions(t)})
+            interrupted = sum(1 for x in rows for t in x["turns"] if len(_stored_versions(t)) > 1)
             turns = sum(1 for n in r.get("conversation", []) if n.get("turn") is not None)
             error = r.get("error") or ""
             out.append(
@@ -188,6 +200,7 @@ class RunData:
                     "tokens": tokens,
                     "trained": trained,
                     "weight_versions": versions,
+                    "interrupted_turns": interrupted,
                     "truncated": any(bool((x.get("metadata") or {}).get("truncated")) for x in rows),
                     "parse": parse_counts(rows),
                     "error": error.strip().splitlines()[-1][:300] if error.strip() else "",
@@ -221,6 +234,7 @@ class RunData:
                     "mask": row.loss_mask,
                     "logprobs": row.logprobs,
                     "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
+                    "segments": [[[g.start, g.end, g.weight_version] for g in t.segments] for t in row.turns],
                     "metadata": row.metadata,
                     "parse": [_parse_of(t) for t in row.turns],
                 }

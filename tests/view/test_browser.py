@@ -296,3 +296,38 @@ def test_parse_statuses_are_shown_on_each_turn_and_filter_the_step(browser: Any,
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_turn_a_weight_update_interrupted_is_marked_with_each_version(browser: Any, tmp_path: Path, byte_tokenizer: Any) -> None:
+    """Partial rollouts (#28): the step table counts the interrupted turn; the rollout view
+    shows the turn's versions in order (conversation and row header), a marker where the
+    new weights took over, and each trained token's version on hover."""
+    from selenium.webdriver.common.by import By
+
+    from .segment_step import NEW, OLD, SPLIT, write_segment_step
+
+    write_segment_step(tmp_path, byte_tokenizer)
+    server = ViewServer(tmp_path, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/step/train/1")
+        main = _wait_view(browser, "step")
+        cell = main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r-seg"] td.weights')
+        assert f"v{OLD} v{NEW}" in cell.text and "1 interrupted" in cell.text
+        main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r-seg"]').click()
+        main = _wait_view(browser, "rollout")
+        (badge,) = main.find_elements(By.CSS_SELECTOR, '#conversation .msg[data-role="assistant"] .badge.segmented')
+        assert badge.get_attribute("textContent") == f"weights v{OLD}→v{NEW}"
+        (head,) = main.find_elements(By.CSS_SELECTOR, ".rowhead .badge.segmented")
+        assert f"v{OLD}→v{NEW}" in head.text
+        marks = [m.get_attribute("textContent") for m in main.find_elements(By.CSS_SELECTOR, ".tokens .turnmark")]
+        assert marks[0] == f"turn 1 · v{OLD}" and marks[1].startswith(f"v{NEW} · weight update")
+        trained = main.find_elements(By.CSS_SELECTOR, ".tokens .tok.trained")
+        titles = [t.get_attribute("title") for t in trained]
+        assert all(t.endswith(f"weights v{OLD}") for t in titles[:SPLIT])
+        assert all(t.endswith(f"weights v{NEW}") for t in titles[SPLIT:]) and len(titles) > SPLIT
+        browser.save_screenshot(str(tmp_path / "segments_rollout.png"))
+    finally:
+        server.shutdown()
+        server.server_close()

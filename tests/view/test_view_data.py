@@ -303,3 +303,27 @@ def test_traces_written_before_parse_statuses_show_none(tmp_path: Path) -> None:
     assert all(r["parse"] == {} for r in data.step("train", 1)["rollouts"])
     (row,) = data.rollout("train", 1, "r-json")["rows"]
     assert row["parse"] == [None, None]
+
+
+def test_a_turn_a_weight_update_interrupted_shows_its_segments_over_http(tmp_path: Path, byte_tokenizer: Any) -> None:
+    """Partial rollouts (#28): the step summary lists both segments' versions and counts the
+    interrupted turn; the rollout gives each turn's segments (row positions and versions)
+    and the conversation node the versions in order, for the page to mark."""
+    from .segment_step import NEW, OLD, SPLIT, write_segment_step
+
+    write_segment_step(tmp_path, byte_tokenizer)
+    with _serving(tmp_path) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", "/api/step?kind=train&step=1")
+        (summary,) = json.loads(conn.getresponse().read())["rollouts"]
+        conn.request("GET", "/api/rollout?kind=train&step=1&id=r-seg")
+        rollout = json.loads(conn.getresponse().read())
+        conn.close()
+    assert summary["weight_versions"] == [OLD, NEW] and summary["interrupted_turns"] == 1
+    (row,) = rollout["rows"]
+    ((start, end, _, version),) = row["turns"]
+    assert version == OLD
+    assert row["segments"] == [[[start, start + SPLIT, OLD], [start + SPLIT, end, NEW]]]
+    assert row["logprobs"][start:end] == [-0.5] * SPLIT + [-2.0] * (end - start - SPLIT)
+    (node,) = [n for n in rollout["conversation"] if n["turn"] is not None]
+    assert node["weight_version"] == OLD and node["weight_versions"] == [OLD, NEW]

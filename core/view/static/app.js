@@ -333,6 +333,7 @@
       h('td', { class: 'num' }, String(r.rows)),
       h('td', { class: 'num' }, `${fmtInt(r.trained)} / ${fmtInt(r.tokens)}`),
       h('td', { class: 'num weights' }, r.weight_versions.map((v) => 'v' + v).join(' '),
+        r.interrupted_turns ? h('span', { class: 'badge segmented', title: 'turns a weight update interrupted (continued under the new weights)' }, `${r.interrupted_turns} interrupted`) : null,
         isNum(data.weight_version) && r.weight_versions.length && data.weight_version > r.weight_versions[0]
           ? h('span', { class: 'muted', title: `sampled with weights up to ${data.weight_version - r.weight_versions[0]} versions older than the step trained (v${data.weight_version})` }, ` −${data.weight_version - r.weight_versions[0]}`) : null),
       h('td', { class: 'num' }, fmt(r.elapsed_s, 2) + ' s'),
@@ -383,11 +384,18 @@
   }
 
   // ---------------------------------------------------------------- trajectory
+  // A turn a weight update interrupted went on under the new weights: one version per segment.
+  function weightsBadge(node) {
+    const vs = node.weight_versions && node.weight_versions.length > 1 ? node.weight_versions : null;
+    return vs
+      ? h('span', { class: 'badge segmented', title: 'interrupted by a weight update: the turn went on under the new weights, each part with its own version and logprobs' }, `weights ${vs.map((v) => 'v' + v).join('→')}`)
+      : h('span', { class: 'badge' }, `weights v${node.weight_version}`);
+  }
   function messageBox(node) {
     return (node.messages || []).map((m) => {
       const role = String(m.role || '?');
       const head = h('div', { class: 'role' }, role);
-      if (node.turn !== null && node.turn !== undefined) head.append(h('span', { class: 'badge info' }, `turn ${node.turn + 1}`), h('span', { class: 'badge' }, `weights v${node.weight_version}`), h('span', { class: 'badge' }, String(node.finish_reason)));
+      if (node.turn !== null && node.turn !== undefined) head.append(h('span', { class: 'badge info' }, `turn ${node.turn + 1}`), weightsBadge(node), h('span', { class: 'badge' }, String(node.finish_reason)));
       if (node.parse) head.append(parseBadge(node.parse, node.parse_detail, 'parse: ' + node.parse));
       if (m.name) head.append(h('span', { class: 'mono' }, String(m.name)));
       if (m.tool_call_id) head.append(h('span', { class: 'mono muted' }, String(m.tool_call_id)));
@@ -428,7 +436,11 @@
     const trained = row.mask.reduce((a, b) => a + b, 0);
     const head = h('div', { class: 'rowhead' }, h('strong', {}, `row ${row.row_index}`),
       h('span', { class: 'muted' }, `${fmtInt(n)} tokens · ${fmtInt(trained)} trained · prompt ${fmtInt(row.prompt_length)}`),
-      row.turns.map(([s, e, fin, v], k) => h('span', { class: 'badge info' }, `turn ${k + 1}: ${s}–${e} · v${v} · ${fin}`)),
+      row.turns.map(([s, e, fin, v], k) => {
+        const segs = (row.segments || [])[k] || [];
+        const vs = segs.length > 1 ? segs.map((g) => 'v' + g[2]).join('→') : 'v' + v;
+        return h('span', { class: 'badge info' + (segs.length > 1 ? ' segmented' : '') }, `turn ${k + 1}: ${s}–${e} · ${vs} · ${fin}`);
+      }),
       (row.parse || []).map((p, k) => (p ? parseBadge(p.status, p.detail, `turn ${k + 1} parse: ${p.status}`) : null)),
       row.metadata && row.metadata.truncated ? h('span', { class: 'badge bad' }, 'truncated') : null);
     const buckets = Math.min(n, 1200);
@@ -440,6 +452,15 @@
       strip.appendChild(h('svg:rect', { x: b, y: 0, width: 1.02, height: 10, fill: ps.length ? heat(mean(ps)) : '#e5e7eb' }));
     }
     const starts = new Map(row.turns.map(([s, , fin, v], k) => [s, `turn ${k + 1} · v${v}`]));
+    // Each token's weight version; a weight update's segment boundary gets its own marker.
+    const version = new Array(n).fill(null);
+    row.turns.forEach(([s, e, , v], k) => {
+      for (let i = s; i < e; i++) version[i] = v;
+      ((row.segments || [])[k] || []).forEach(([gs, ge, gv], j) => {
+        for (let i = gs; i < ge; i++) version[i] = gv;
+        if (j > 0) starts.set(gs, `v${gv} · weight update: turn ${k + 1} goes on under new weights`);
+      });
+    });
     const toks = h('div', { class: 'tokens', 'data-row': row.row_index });
     const upto = Math.min(n, limit);
     const frag = document.createDocumentFragment();
@@ -454,7 +475,7 @@
         const p = Math.exp(row.logprobs[i]);
         span.style.background = heat(p);
         span.setAttribute('data-lp', row.logprobs[i]);
-        span.title = `#${i} id ${row.token_ids[i]} · logprob ${row.logprobs[i].toFixed(4)} · p ${p.toFixed(3)}`;
+        span.title = `#${i} id ${row.token_ids[i]} · logprob ${row.logprobs[i].toFixed(4)} · p ${p.toFixed(3)}` + (version[i] === null ? '' : ` · weights v${version[i]}`);
       } else {
         span.title = `#${i} id ${row.token_ids[i]} · context (not trained)`;
       }
@@ -475,7 +496,10 @@
   }
   function rolloutBody(r, compact) {
     const faults = Object.entries(r.faults || {}).filter(([k, v]) => v && k !== 'model_turns').map(([k, v]) => `${k} ${v}`).join(', ');
-    const versions = [...new Set(r.rows.flatMap((row) => row.turns.map((t) => t[3])))].sort((a, b) => a - b);
+    const versions = [...new Set(r.rows.flatMap((row) => row.turns.flatMap((t, k) => {
+      const segs = (row.segments || [])[k] || [];
+      return segs.length ? segs.map((g) => g[2]) : [t[3]];
+    })))].sort((a, b) => a - b);
     const kv = h('div', { class: 'kv' },
       h('span', { class: 'k' }, 'status'), h('span', { id: 'rollout-status' }, badge(r.status)),
       h('span', { class: 'k' }, 'reward'), h('span', { id: 'rollout-reward' }, fmt(r.reward)),
