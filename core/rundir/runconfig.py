@@ -120,13 +120,36 @@ def _value(override: str) -> Any:
     return None if parsed.is_delete() else parsed.value()
 
 
+_SECRET_WORDS = ("api_key", "token", "secret", "password")
+REDACTED = "<redacted>"
+
+
+def _redacted(node: Any) -> Any:
+    """``node`` with the values of secret-looking keys (``sampler.api_key``,
+    ``gateway.admin_token``) replaced; ``*_env`` keys name variables and stay."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            name = str(key).lower()
+            secret = any(w in name for w in _SECRET_WORDS) and not name.endswith("_env")
+            out[key] = REDACTED if secret and isinstance(value, str) and value else _redacted(value)
+        return out
+    if isinstance(node, list):
+        return [_redacted(v) for v in node]
+    return node
+
+
 def write_run_record(run_dir: Path, *, overrides: Sequence[str], config: dict[str, Any], choices: dict[str, str]) -> Path:
-    """Write ``tracerl_run.yaml`` for a fresh run (written to a temporary file, then renamed)."""
+    """Write ``tracerl_run.yaml`` for a fresh run (written to a temporary file, then renamed).
+
+    The overrides are stored as typed (as Hydra's ``.hydra/overrides.yaml`` does: a resume
+    composes with them); in the resolved config secret-looking values are redacted.
+    """
     record = {
         "overrides": list(overrides),
         "choices": dict(choices),
         "resumes": [],
-        "config": config,
+        "config": _redacted(config),
     }
     return _write(run_dir, record)
 
@@ -206,7 +229,7 @@ def _stored_value(record: RunRecord, key: str) -> tuple[bool, Any]:
         if not isinstance(node, dict) or part not in node:
             return False, None
         node = node[part]
-    return True, node
+    return node != REDACTED, node
 
 
 def _same(a: Any, b: Any) -> bool:

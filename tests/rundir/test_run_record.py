@@ -170,3 +170,21 @@ def test_run_dir_of_a_checkpoint_and_the_hydra_fallback(tmp_path: Path) -> None:
     (tmp_path / RUN_FILE).write_text("just text\n")
     with pytest.raises(ConfigError, match="not a run record"):
         read_run_record(tmp_path)
+
+
+def test_the_stored_config_redacts_secrets_but_keeps_variable_names(tmp_path: Path) -> None:
+    from core.rundir.runconfig import REDACTED, write_run_record
+
+    config = {"sampler": {"api_key": "sk-live", "urls": ["http://a"]},
+              "gateway": {"admin_token": "t0ken", "max_body_bytes": 5},
+              "eval": {"api_key_env": "OPENAI_API_KEY"}, "reward": {"api_key": ""}}
+    write_run_record(tmp_path, overrides=["seed=1"], config=config, choices={})
+    text = (tmp_path / RUN_FILE).read_text()
+    assert "sk-live" not in text and "t0ken" not in text
+    record = read_run_record(tmp_path)
+    assert record is not None
+    assert record.config["sampler"] == {"api_key": REDACTED, "urls": ["http://a"]}
+    assert record.config["gateway"]["admin_token"] == REDACTED and record.config["gateway"]["max_body_bytes"] == 5
+    assert record.config["eval"]["api_key_env"] == "OPENAI_API_KEY" and record.config["reward"]["api_key"] == ""
+    with pytest.raises(ConfigError, match="the run did not set it"):  # a redacted value is not compared
+        resume_overrides(record, ["gateway.admin_token=guess"])
