@@ -26,7 +26,14 @@ from collections.abc import Callable
 
 from core.gateway.harmony import split_harmony
 
-__all__ = ["REASONING_PARSERS", "ReasoningParser", "get_reasoning_parser", "prompt_opens_think", "split_think"]
+__all__ = [
+    "REASONING_PARSERS",
+    "ReasoningParser",
+    "get_reasoning_parser",
+    "prompt_closes_think",
+    "prompt_opens_think",
+    "split_think",
+]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -38,6 +45,13 @@ ReasoningParser = Callable[[str, bool], tuple[str, str]]
 def prompt_opens_think(prompt_tail: str) -> bool:
     """The generation prompt ends inside a ``<think>`` block it opened (R1-style templates)."""
     return prompt_tail.rfind(THINK_OPEN) > prompt_tail.rfind(THINK_CLOSE)
+
+
+def prompt_closes_think(prompt_tail: str) -> bool:
+    """The generation prompt ends with a ``</think>`` the template wrote (GLM-4.5/4.6 with
+    thinking off: ``<|assistant|>\n<think></think>``): the turn's text starts after the empty
+    block, with the newline its template writes after the tag (not part of the content)."""
+    return prompt_tail.endswith(THINK_CLOSE)
 
 
 def split_think(text: str, opened: bool = False) -> tuple[str, str]:

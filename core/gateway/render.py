@@ -6,8 +6,9 @@ Defines ``ChatRenderer``:
   fresh start after the history diverged (cost grows with the history).
 - ``render_continuation``: only the tokens that follow a generated turn the
   model was already served: the rest of the assistant closer (``<|im_end|>\\n``
-  for ChatML, minus what the model emitted itself) plus the new messages and
-  the generation prompt. Its cost depends on the new messages only, which is
+  for ChatML, minus what the model emitted itself; GLM's templates write no
+  closer and the model's stop token opens the next message) plus the new
+  messages and the generation prompt. Its cost depends on the new messages only, which is
   what keeps an append-only turn's cost flat as the context grows.
 - ``decode``, ``count``.
 - ``min_tokens``: a lower bound on a text's token count from its length, so a
@@ -586,15 +587,20 @@ class ChatRenderer:
         else:
             if reasoning and _ANCHOR_REASONING not in anchor_text:
                 raise TailUnsupported("the template drops the turn's reasoning from history")
-            if emitted_closer and not closer.startswith(emitted_closer) and not keep:
+            # What follows the assistant content: its closer, then the new messages. The stop
+            # token the model ended on is usually the closer (<|im_end|>); GLM's templates write
+            # none, and the model stops on the token that opens the next message
+            # (<|observation|> before tool results, <|user|> before a question).
+            text = closer + full[len(anchor_text) :]
+            if emitted_closer and text.startswith(emitted_closer):
+                text = text[len(emitted_closer) :]
+            elif emitted_closer and not keep:
                 # e.g. gpt-oss ends a final answer with <|return|> and writes <|end|> in history,
-                # Llama 3.1 stops on <|eom_id|> where its template writes <|eot_id|>.
+                # Llama 3.1 stops on <|eom_id|> where its template writes <|eot_id|>; GLM stopped
+                # on <|user|> and tool results follow.
                 raise TailUnsupported(
                     f"the turn ended with {emitted_closer!r}, which the template does not write after it"
                 )
-            if emitted_closer and closer.startswith(emitted_closer):
-                closer = closer[len(emitted_closer) :]
-            text = closer + full[len(anchor_text) :]
         return text
 
 

@@ -71,6 +71,9 @@ class ReplySettings:
     """Which parsed calls the reply may return (``core.gateway.toolchoice``)."""
     opened_think: bool = False
     """The generation prompt left a reasoning block open (``prompt_opens_think``)."""
+    closed_think: bool = False
+    """The generation prompt ended with an empty reasoning block it closed (``prompt_closes_think``):
+    newlines the turn starts with follow that tag, not part of the content."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,8 @@ def read_reply(
     reasoning = ""
     if fmt.split_reasoning is not None:
         reasoning, text = fmt.split_reasoning(text, settings.opened_think)
+        if settings.closed_think and not reasoning:
+            text = text.lstrip("\n")
     parsed = parse_tools(fmt.parse_tools, text) if settings.tools else ParsedOutput(content=text)
     unknown = sum(1 for name, _ in parsed.tool_calls if name not in settings.tools)
     fitting, misfits = split_strict(settings.strict, parsed.tool_calls)

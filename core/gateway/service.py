@@ -39,7 +39,11 @@ from core.gateway.history import Turn, build_rows, release
 from core.gateway.late_rewards import LateRewards
 from core.gateway.messages import Unit, canonical_tool_call
 from core.gateway.prompt import Prompt, PromptBuilder
-from core.gateway.reasoning_parsers import get_reasoning_parser, prompt_opens_think
+from core.gateway.reasoning_parsers import (
+    get_reasoning_parser,
+    prompt_closes_think,
+    prompt_opens_think,
+)
 from core.gateway.reasoning_switches import template_reasoning
 from core.gateway.render import ChatRenderer
 from core.gateway.reply import ReplyFormat, ReplySettings, read_reply
@@ -57,7 +61,7 @@ __all__ = ["Gateway"]
 HISTORY_MODES = ("linear", "tree")
 
 _THINK_TAIL = 24
-"""Prompt tokens ``_prompt_opens_think`` decodes: enough for ``<think>\\n`` spelled in bytes."""
+"""Prompt tokens ``_prompt_think`` decodes: enough for ``<think>\\n`` spelled in bytes."""
 
 
 def _check_sampler(sampler: Any) -> Sampler:
@@ -381,13 +385,15 @@ class Gateway:
         appended to the prompt's buffer, the turn and its messages committed to the history
         tree) and answer it."""
         prompt_len = len(prompt.tokens)
+        opened, closed = self._prompt_think(prompt.tokens, prompt_len)
         settings = ReplySettings(
             stop=params.stop,
             stop_token_ids=params.stop_token_ids,
             tools=tuple(t["function"]["name"] for t in req.tools or ()),
             strict=req.strict,
             tool_choice=req.tool_choice,
-            opened_think=self._split_reasoning is not None and self._prompt_opens_think(prompt.tokens, prompt_len),
+            opened_think=opened,
+            closed_think=closed,
         )
         reply = read_reply(result.token_ids, result.finish_reason, settings, self._reply_format)
         s.counters["unknown_tool_calls"] += reply.unknown_calls
@@ -447,14 +453,16 @@ class Gateway:
             reasoning=reply.reasoning,
         )
 
-    def _prompt_opens_think(self, prompt: list[int], prompt_len: int) -> bool:
-        """The generation prompt ended inside a ``<think>`` block the template opened (DeepSeek R1,
-        Qwen3 Thinking-2507), so the turn starts in its reasoning. Read from the prompt's last
-        tokens (a few, decoded: the tags may be special tokens or several byte-level ones);
-        only the ``think`` parser asks."""
+    def _prompt_think(self, prompt: list[int], prompt_len: int) -> tuple[bool, bool]:
+        """(opened, closed): the generation prompt ended inside a ``<think>`` block the template
+        opened (DeepSeek R1, Qwen3 Thinking-2507), so the turn starts in its reasoning; or
+        right after an empty block it closed (GLM-4.6 with thinking off). Read from the
+        prompt's last tokens (a few, decoded: the tags may be special tokens or several
+        byte-level ones); only the ``think`` parser asks."""
         if self.reasoning_parser_name != "think":
-            return False
-        return prompt_opens_think(self.renderer.decode(prompt[max(0, prompt_len - _THINK_TAIL) : prompt_len]))
+            return False, False
+        tail = self.renderer.decode(prompt[max(0, prompt_len - _THINK_TAIL) : prompt_len])
+        return prompt_opens_think(tail), prompt_closes_think(tail)
 
 
 def _redact(sid: str) -> str:

@@ -699,3 +699,84 @@ def test_qwen3_coder_xml_tool_loop_is_one_exact_row(family: tuple[Harness, Any])
     assert row.token_ids == expected[: len(row.token_ids)] and tok.decode(expected[len(row.token_ids) :]) == "\n"
     assert trained(tok, row) == [coder_call("12*7") + "<|im_end|>", coder_call("84+5") + "<|im_end|>",
                                  "The answer is 89.<|im_end|>", "4.<|im_end|>"]
+
+
+def glm_call(expression: str) -> str:
+    """GLM-4.5/4.6's XML tool call, as its template writes one (and the model is trained to)."""
+    return f"<tool_call>calculator\n<arg_key>expression</arg_key>\n<arg_value>{expression}</arg_value>\n</tool_call>"
+
+
+def glm_turn(reasoning: str, body: str) -> str:
+    """A GLM-4.6 turn as the template writes it after ``<|assistant|>``: the think block (empty
+    when the model did not reason), then the answer or the calls."""
+    return f"\n<think>{reasoning}</think>\n{body}"
+
+
+@pytest.mark.parametrize("family", [("glm-4.6", {})], indirect=True)
+def test_glm46_offline_vocabulary_tool_loop_is_one_exact_row_and_a_new_question_forks(
+    family: tuple[Harness, Any],
+) -> None:
+    """GLM-4.6's real template and special tokens, on a vocabulary built offline (the fixtures
+    README says what that does not prove). Its template writes no closer after an assistant
+    message: the model stops on the token that opens the next one (``<|observation|>`` before
+    tool results, ``<|user|>`` before a question), and the gateway extends the served tokens past
+    it. Reasoning sent back renders as generated within the question's tool loop (one row); a
+    new question drops past reasoning, so its turn starts a new row, the template's rendering."""
+    h, tok = family
+    obs, user = (tok.convert_tokens_to_ids(t) for t in ("<|observation|>", "<|user|>"))
+    assert set(h.gw.end_of_turn_ids) == {obs, user, tok.convert_tokens_to_ids("<|endoftext|>")}
+    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == ("glm45", "think")
+    agent = Agent(h, tok, obs)
+    first = agent.turn(glm_turn("Multiply first.", glm_call("12*7")))
+    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(glm_turn("Now add 5.", glm_call("84+5")))
+    agent.tool("89")
+    agent.end = user
+    assert agent.turn(glm_turn("Done.", "The answer is 89.")).content == "The answer is 89."
+    agent.user("And 2+2?")
+    agent.turn(glm_turn("Easy.", "4."))
+    loop, question = agent.rows()
+
+    def called(reasoning: str, expression: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": calls(expression)}
+
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        called("Multiply first.", "12*7"),
+        {"role": "tool", "content": "84"},
+        called("Now add 5.", "84+5"),
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89.", "reasoning_content": "Done."},
+    ]
+    assert loop.token_ids == rendered(tok, reference) + [user]  # the model's <|user|> ends the row
+    assert trained(tok, loop) == [glm_turn("Multiply first.", glm_call("12*7")) + "<|observation|>",
+                                  glm_turn("Now add 5.", glm_call("84+5")) + "<|observation|>",
+                                  glm_turn("Done.", "The answer is 89.") + "<|user|>"]
+    prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True)
+    assert "Multiply first." not in tok.decode(prompt) and "<think></think>" in tok.decode(prompt)
+    assert question.token_ids == prompt + [*ids(tok, glm_turn("Easy.", "4.")), user]
+
+
+@pytest.mark.parametrize("family", [("glm-4.6", {})], indirect=True)
+def test_glm46_a_call_stopped_on_the_wrong_opener_forks(family: tuple[Harness, Any]) -> None:
+    """A call turn that stopped on ``<|user|>`` where tool results follow (the template opens
+    them with ``<|observation|>``): the served tokens are not the history's rendering, so the
+    next turn starts a new row with the template's rendering."""
+    h, tok = family
+    user = tok.convert_tokens_to_ids("<|user|>")
+    agent = Agent(h, tok, user)
+    agent.turn(glm_turn("", glm_call("12*7")))
+    agent.tool("84")
+    agent.turn(glm_turn("", "84."))
+    first, second = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+    ]
+    assert first.token_ids[-1] == user
+    assert second.token_ids == rendered(tok, reference, generation=True) + [*ids(tok, glm_turn("", "84.")), user]

