@@ -13,8 +13,9 @@ class EvalConfig:
 
     checkpoint: str = ""
     """A checkpoint directory (``<run_dir>/checkpoints/step_N``) or a run directory (its
-    latest checkpoint), loaded into the backend and served by its sampler. Empty: the
-    backend's base model (unless ``endpoint`` is set)."""
+    latest checkpoint), loaded into the backend and served by its sampler; the run's own
+    overrides (``<run_dir>/tracerl_run.yaml``) are applied first. Empty: the backend's
+    base model (unless ``endpoint`` is set)."""
     endpoint: str = ""
     """An OpenAI-compatible base URL (``https://.../v1``) the agent calls directly, for
     baselines: no backend, no gateway, no trace capture (token counts are 0)."""

@@ -124,3 +124,23 @@ def test_export_refuses_a_non_empty_directory_and_adapter_without_lora(tmp_path:
     assert main([str(run_dir), str(tmp_path / "a"), "--adapter"]) == 1
     assert "backend.lora.enabled=false" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+def test_an_adapter_names_a_local_base_model_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_backend: Any
+) -> None:
+    """A run on a model directory given relative to its working directory: the adapter's
+    ``base_model_name_or_path`` still finds it from anywhere."""
+    pytest.importorskip("peft", reason="LoRA needs the tracerl-local[lora] extra")
+    from tracerl_local.config import LocalBackendConfig, LoraConfig
+
+    source = LocalBackend(LocalBackendConfig(), seed=2)
+    source.model.save_pretrained(tmp_path / "base-hf")
+    source.get_tokenizer().save_pretrained(tmp_path / "base-hf")
+    run(source.aclose())
+    monkeypatch.chdir(tmp_path)
+    backend = make_backend(model="base-hf", lora=LoraConfig(enabled=True, rank=4, alpha=8))
+    out = Path(run(backend.export_model("adapter", adapter=True)))
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "base-hf").resolve())
+    assert not (out / "base").exists()  # a real base is named, not copied

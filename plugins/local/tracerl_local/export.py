@@ -99,8 +99,9 @@ def export_model(model: Any, tokenizer: Any, path: str | Path, *, adapter: bool,
             if base_model == "tiny":  # no name an engine could load: write the base beside it
                 _write_full(copy.deepcopy(model).unload(), tokenizer, tmp / "base")
                 peft_config.base_model_name_or_path = str(out / "base")
-            else:
-                peft_config.base_model_name_or_path = base_model
+            else:  # a Hub name as given; a local directory as an absolute path (cwd-proof)
+                local = Path(base_model)
+                peft_config.base_model_name_or_path = str(local.resolve()) if local.is_dir() else base_model
             try:
                 model.save_pretrained(str(tmp), save_embedding_layers=False)  # no Hub lookup of the base
             finally:
