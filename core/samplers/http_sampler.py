@@ -27,6 +27,13 @@ Rules the base enforces:
   ``"default"`` after a push) raises ``WrongWeights``: the server is taken out
   of rotation until the current weights are pushed to it, and the request is
   sent again on another server (the discarded answer was never recorded).
+- **A generation the server aborted mid-way goes on** (``continue_aborted``,
+  partial rollouts): an answer with finish reason ``abort`` and tokens (SGLang
+  aborting its running requests at a weight push, ``abort_on_push``) is sent
+  again with those tokens appended to the prompt and ``max_tokens`` reduced,
+  at most ``MAX_CONTINUATIONS`` times; the result joins the parts, with one
+  ``Segment`` per weight version and each token's logprob from the weights
+  that sampled it.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import logging
 import secrets
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import httpx
@@ -47,7 +54,7 @@ import httpx
 from core.errors import ConfigError, SamplerError
 from core.http import ShardedClient
 from core.samplers.http_pool import ServerPool, ServerState
-from core.types import FinishReason, SampleResult, SamplingParams
+from core.types import FinishReason, SampleResult, SamplingParams, Segment
 
 __all__ = ["HttpSampler", "HttpSamplerConfig", "WrongWeights", "affinity_key"]
 
@@ -55,6 +62,9 @@ log = logging.getLogger(__name__)
 
 SAMPLER_KINDS = ("vllm", "sglang")
 VLLM_ENDPOINTS = ("generate", "completions")
+
+MAX_CONTINUATIONS = 16
+"""Most times one generation is sent again after an abort (one per weight push it spans)."""
 
 # Connection-level failures: the request was not (or not fully) answered, so it is
 # safe to send again. Timeouts are not here: a hang must surface, not repeat.
@@ -108,6 +118,14 @@ class HttpSamplerConfig:
     """Merged into the request's sampling params (e.g. ``repetition_penalty``)."""
     abort_timeout_s: float = 2.0
     """Limit for the abort call sent when a request is cancelled (SGLang)."""
+    continue_aborted: bool = True
+    """A generation the server aborted after generating tokens (a weight push with
+    ``abort_on_push``) is sent again with those tokens appended, so the turn goes on under
+    the new weights, one segment per version (a partial rollout); false: it stays aborted."""
+    abort_on_push: bool = False
+    """SGLang: a weight push aborts the requests running (``abort_all_requests``) instead of
+    letting them finish on the old weights; with ``continue_aborted`` they go on under the
+    new ones keeping their tokens."""
     weight_version: int = 0
     """Weight version reported when the server does not say (vLLM never does);
     the trainer sets ``sampler.weight_version`` after each sync."""
@@ -329,6 +347,56 @@ class HttpSampler:
         return await self._sample(prompt_token_ids, params, affinity_key(server.url), server)
 
     async def _sample(
+        self, prompt: Sequence[int], params: SamplingParams, key: str, only: ServerState | None
+    ) -> SampleResult:
+        result = await self._sample_once(prompt, params, key, only)
+        parts: list[SampleResult] = []
+        while (
+            self.config.continue_aborted
+            and only is None
+            and result.finish_reason is FinishReason.ABORT
+            and result.token_ids
+            and len(parts) < MAX_CONTINUATIONS
+        ):
+            # Aborted mid-way (a weight push): go on from what it generated, on the new weights.
+            parts.append(result)
+            prompt = [*prompt, *result.token_ids]
+            params = replace(params, max_tokens=params.max_tokens - len(result.token_ids))
+            if params.max_tokens < 1:
+                break
+            result = await self._sample_once(prompt, params, key, only)
+        return self._joined([*parts, result]) if parts else result
+
+    def _joined(self, parts: list[SampleResult]) -> SampleResult:
+        """One result from the parts of a generation sent again after aborts."""
+        ids: list[int] = []
+        logprobs: list[float] = []
+        segments: list[Segment] = []
+        for part in parts:
+            if not part.token_ids:
+                continue
+            if segments and part.weight_version < segments[-1].weight_version:
+                raise SamplerError(self.named(
+                    f"a generation continued after an abort came back from weight version "
+                    f"{part.weight_version}, older than its earlier part's {segments[-1].weight_version}; "
+                    "the servers serve mixed weights (check the weight push)"
+                ))
+            start = len(ids)
+            ids.extend(part.token_ids)
+            logprobs.extend(part.logprobs)
+            if segments and segments[-1].weight_version == part.weight_version:
+                segments[-1] = Segment(segments[-1].start, len(ids), part.weight_version)
+            else:
+                segments.append(Segment(start, len(ids), part.weight_version))
+        return SampleResult(
+            ids,
+            logprobs,
+            parts[-1].finish_reason,
+            segments[0].weight_version,
+            segments=tuple(segments) if len(segments) > 1 else (),
+        )
+
+    async def _sample_once(
         self, prompt: Sequence[int], params: SamplingParams, key: str, only: ServerState | None
     ) -> SampleResult:
         if self._closed:

@@ -7,7 +7,9 @@ Face layout: ``config.json`` plus ``*.safetensors``) and calls
 
 - **SGLang**: ``POST /update_weights_from_disk`` with
   ``{"model_path", "weight_version": "<N>", "abort_all_requests": false,
-  "flush_cache": true}`` (its ``UpdateWeightFromDiskReqInput``); the answer is
+  "flush_cache": true}`` (its ``UpdateWeightFromDiskReqInput``; ``true`` with
+  ``abort_on_push``: running requests answer their tokens so far with finish
+  reason ``abort`` and the sampler sends them again, a partial rollout); the answer is
   ``{"success", "message", "num_paused_requests"}`` (400 when ``success`` is
   false). Then ``GET /get_weight_version`` must say ``"<N>"``: the version
   every ``/generate`` answer then carries in ``meta_info.weight_version``.
@@ -267,7 +269,7 @@ class WeightPusher:
         body = {
             "model_path": path,
             "weight_version": str(version),
-            "abort_all_requests": False,
+            "abort_all_requests": bool(self.sampler.config.abort_on_push),
             "flush_cache": True,
         }
         data = await self._post(client, server, SGLANG_UPDATE_PATH, body)

@@ -159,8 +159,10 @@ def test_request_bodies_follow_the_engines_shapes(make_standin: Any) -> None:
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 def test_weight_version_and_routed_experts_reach_the_result(make_standin: Any, kind: str) -> None:
+    # continue_aborted=False: the stand-in answers every request aborted, and this test reads
+    # one answer (a generation continued after aborts is tested in test_weight_push.py).
     _, url = make_standin(weight_version="12", routed_experts="AAAAAQ==", mode="abort_finish")
-    result = asyncio.run(_sample(sampler_for(kind, [url], weight_version=3)))
+    result = asyncio.run(_sample(sampler_for(kind, [url], weight_version=3, continue_aborted=False)))
     assert result.routed_experts is not None and result.routed_experts["data"] == "AAAAAQ=="
     assert result.weight_version == (12 if kind == "sglang" else 3)
     assert result.finish_reason is FinishReason.ABORT
@@ -245,3 +247,27 @@ def test_config_errors_name_the_field() -> None:
         build_http_sampler({"kind": "vllm", "urls": ["http://x"], "vllm_endpoint": "chat"})
     with pytest.raises(ConfigError, match="unhealthy_after must be >= 1"):
         build_http_sampler({"kind": "vllm", "urls": ["http://x"], "unhealthy_after": 0})
+
+
+def test_an_always_aborting_server_is_sent_the_generation_again_a_bounded_number_of_times(make_standin: Any) -> None:
+    """A server that answers every request aborted with tokens (an operator aborting, not a
+    push) gets the generation again with those tokens appended at most MAX_CONTINUATIONS
+    times, each with max_tokens reduced; the turn then ends aborted with every part joined."""
+    from core.samplers.http_sampler import MAX_CONTINUATIONS
+
+    standin, url = make_standin(weight_version="12", mode="abort_finish")
+    sampler = sampler_for("sglang", [url])
+
+    async def go() -> SampleResult:
+        try:
+            return await sampler.sample([1, 2, 3], SamplingParams(max_tokens=100), session_id="s")
+        finally:
+            await sampler.aclose()
+
+    result = asyncio.run(go())
+    sent = [h.body for h in standin.hits if h.path == "/generate"]
+    assert len(sent) == 1 + MAX_CONTINUATIONS
+    assert [len(b["input_ids"]) for b in sent[:3]] == [3, 6, 9]  # each time with the tokens so far
+    assert [b["sampling_params"]["max_new_tokens"] for b in sent[:3]] == [100, 97, 94]
+    assert result.finish_reason is FinishReason.ABORT and len(result.token_ids) == 3 * len(sent)
+    assert result.weight_version == 12 and not result.segments  # one version: no segments

@@ -220,3 +220,55 @@ def test_update_timeout_bounds_a_servers_whole_update(bg: BackgroundLoop) -> Non
             asyncio.run(go())
     finally:
         bg.run(server.stop())
+
+
+LONG_GREEDY = SamplingParams(max_tokens=400, temperature=0)
+"""A generation long enough for a push to land in it (greedy: references are exact)."""
+
+
+@pytest.mark.parametrize("continue_aborted", [True, False])
+def test_a_push_that_aborts_running_requests_continues_them_on_the_new_weights(
+    fleet: Fleet, trained: tuple[LocalBackend, str], reference: LocalBackend, continue_aborted: bool
+) -> None:
+    """Partial rollouts over HTTP (#28): with ``abort_on_push`` SGLang's update aborts the
+    running request, which answers its tokens so far with finish reason ``abort``; the
+    sampler sends prompt + those tokens again and the turn goes on under the pushed weights,
+    one segment per version, each token with the logprob of the weights that sampled it."""
+    backend, path = trained
+    url = fleet.start(batch_wait_ms=0.0)
+    served = fleet.servers[-1][1]
+    sampler = build_http_sampler(HttpSamplerConfig(
+        kind="sglang", urls=[url], health_interval_s=0, abort_on_push=True, continue_aborted=continue_aborted,
+    ))
+
+    async def go() -> Any:
+        start = served.sampler.stats.forward_calls
+        task = asyncio.ensure_future(sampler.sample(PROMPT, LONG_GREEDY, session_id="s"))
+        while served.sampler.stats.forward_calls < start + 20:  # the generation is under way
+            await asyncio.sleep(0.005)
+        await WeightPusher(sampler).push(path, 7)
+        result = await task
+        await sampler.aclose()
+        return result
+
+    out = asyncio.run(go())
+    assert served.sampler.stats.interrupted == 1
+    old = asyncio.run(reference.sampler.sample(PROMPT, LONG_GREEDY, session_id="ref"))
+    if not continue_aborted:
+        assert out.finish_reason.value == "abort" and not out.segments and out.weight_version == 0
+        k = len(out.token_ids)
+        assert 20 <= k < LONG_GREEDY.max_tokens and out.token_ids == old.token_ids[:k]
+        return
+    assert out.weight_version == 0 and [g.weight_version for g in out.segments] == [0, 7], out.segments
+    first, second = out.segments
+    k = first.end
+    assert 20 <= k < len(out.token_ids) <= LONG_GREEDY.max_tokens
+    # Part 1 is what the launch weights generate; part 2 what the pushed ones (the seed-1
+    # backend) generate after prompt + part 1, with their logprobs.
+    assert out.token_ids[:k] == old.token_ids[:k]
+    assert out.logprobs[:k] == pytest.approx(old.logprobs[:k], abs=1e-5)
+    rest = asyncio.run(backend.sampler.sample(
+        [*PROMPT, *out.token_ids[:k]], SamplingParams(max_tokens=LONG_GREEDY.max_tokens - k, temperature=0),
+        session_id="ref"))
+    assert out.token_ids[k:] == rest.token_ids and second == type(second)(k, len(out.token_ids), 7)
+    assert out.logprobs[k:] == pytest.approx(rest.logprobs, abs=1e-5)
