@@ -8,6 +8,8 @@ Defines:
 - ``parse_llama3_json``: Llama 3.x JSON ``{"name": .., "parameters": ..}`` (optionally after ``<|python_tag|>``).
 - ``parse_deepseek_v3``: DeepSeek V3/R1 ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``
   then a fenced JSON block per call.
+- ``parse_deepseek_v31`` (``core.gateway.toolformats``): DeepSeek V3.1 / V3.2, the same markers
+  with each call's JSON right after ``<｜tool▁sep｜>`` (no type, no fenced block).
 - ``harmony`` (gpt-oss): messages addressed ``to=functions.NAME`` (``core.gateway.harmony``).
 - ``parse_glm45``: GLM-4.5 ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``.
 - ``parse_mistral``: Mistral ``[TOOL_CALLS]`` followed by a JSON list of calls (v3 tokenizers)
@@ -31,6 +33,7 @@ from typing import Any
 from core.gateway import safejson
 from core.gateway.harmony import parse_harmony
 from core.gateway.parsed_output import ParsedOutput, ToolParser
+from core.gateway.toolformats import parse_deepseek_v31
 
 __all__ = [
     "CALL_MARKERS",
@@ -42,6 +45,7 @@ __all__ = [
     "kept_call_ids",
     "new_call_id",
     "parse_deepseek_v3",
+    "parse_deepseek_v31",
     "parse_glm45",
     "parse_hermes",
     "parse_mistral",
@@ -297,6 +301,7 @@ PARSERS: dict[str, ToolParser] = {
     "qwen3_coder": parse_qwen3_coder,
     "llama3_json": parse_llama3_json,
     "deepseek_v3": parse_deepseek_v3,
+    "deepseek_v31": parse_deepseek_v31,
     "harmony": parse_harmony,
     "glm45": parse_glm45,
     "mistral": parse_mistral,
@@ -309,7 +314,9 @@ def detect_parser(chat_template: str) -> str | None:
     if "<|call|>" in chat_template and "to=" in chat_template:
         return "harmony"
     if DS_CALLS_BEGIN in chat_template:
-        return "deepseek_v3"
+        # V3 / R1 fence each call's JSON in a ```json block; V3.1 / V3.2 write it bare after the name.
+        bare = "<｜tool▁sep｜>" in chat_template and "```json" not in chat_template
+        return "deepseek_v31" if bare else "deepseek_v3"
     if "<arg_key>" in chat_template:
         return "glm45"
     if MISTRAL_CALLS in chat_template:

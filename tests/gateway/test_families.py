@@ -780,3 +780,46 @@ def test_glm46_a_call_stopped_on_the_wrong_opener_forks(family: tuple[Harness, A
     ]
     assert first.token_ids[-1] == user
     assert second.token_ids == rendered(tok, reference, generation=True) + [*ids(tok, glm_turn("", "84.")), user]
+
+
+def ds31_call(expression: str) -> str:
+    """DeepSeek V3.1's tool call: the name, ``<｜tool▁sep｜>``, the JSON arguments (no fenced block)."""
+    args = json.dumps({"expression": expression})
+    return (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calculator<｜tool▁sep｜>{args}<｜tool▁call▁end｜>"
+            "<｜tool▁calls▁end｜>")
+
+
+@pytest.mark.parametrize("family", [("deepseek-v3.1", {})], indirect=True)
+def test_deepseek_v31_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
+    """DeepSeek V3.1 (V3's real tokenizer; llama.cpp's copy of its template, see the fixtures
+    README), thinking off: the generation prompt writes ``<think></think>`` and history writes
+    the same, calls are V3.1's (JSON right after ``<｜tool▁sep｜>``, parsed by ``deepseek_v31``,
+    detected from the template), and after tool results the model answers with no generation
+    prompt: the tool loop and a new question are one row equal to the template's rendering."""
+    h, tok = family
+    eos = tok.eos_token_id
+    assert h.gw.tool_parser_name == "deepseek_v31"
+    agent = Agent(h, tok, eos)
+    first = agent.turn(ds31_call("12*7"))
+    assert first.tool_calls[0].function.name == "calculator" and not first.content
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(ds31_call("84+5"))
+    agent.tool("89")
+    assert agent.turn("The answer is 89.").content == "The answer is 89."
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "", "tool_calls": calls("84+5")},
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+    assert row.token_ids == rendered(tok, reference)
+    assert trained(tok, row)[0] == ds31_call("12*7") + "<｜end▁of▁sentence｜>"

@@ -11,6 +11,7 @@ from core.gateway import Gateway, GatewayConfig
 from core.gateway.toolparse import (
     detect_parser,
     get_parser,
+    parse_deepseek_v31,
     parse_hermes,
     parse_llama3_json,
     parse_qwen3_coder,
@@ -204,3 +205,25 @@ def test_a_failed_parse_says_whether_the_json_was_bad_or_the_markup(parser: str,
     out = PARSERS[parser](text)
     assert out.ill_formed and out.error, out
     assert out.bad_json is bad_json, out.error
+
+
+_B, _E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+
+
+def test_deepseek_v31_calls_parse_and_broken_ones_are_text() -> None:
+    """DeepSeek V3.1 / V3.2: JSON arguments right after ``<｜tool▁sep｜>``, calls chained with no
+    separator; detected from a template that writes no fenced block (V3's does)."""
+    one = "<｜tool▁call▁begin｜>calculator<｜tool▁sep｜>{\"expression\": \"12*7\"}<｜tool▁call▁end｜>"
+    two = "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>"
+    out = parse_deepseek_v31(f"Let me check.{_B}{one}{two}{_E}")
+    assert out.content == "Let me check." and not out.ill_formed
+    assert out.tool_calls == [("calculator", {"expression": "12*7"}), ("get_weather", {"city": "Paris"})]
+    assert parse_deepseek_v31("plain answer").tool_calls == []
+    not_json = one.replace('12*7"}', "12*7")
+    for broken, why in [(f"{_B}{one}", "unterminated"), (f"{_B}{one[:-5]}{_E}", "is not"),
+                        (f"{_B}{not_json}{_E}", "not JSON"), (one, "outside")]:
+        bad = parse_deepseek_v31(broken)
+        assert bad.ill_formed and why in bad.error and bad.content == broken, (broken, bad.error)
+    assert parse_deepseek_v31(f"{_B}{one.replace('{', '[1, {').replace('}<', '}]<')}{_E}").bad_json
+    assert detect_parser(f"{_B}<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments") == "deepseek_v31"
+    assert detect_parser(f"{_B}<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n") == "deepseek_v3"

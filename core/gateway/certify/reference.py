@@ -161,7 +161,9 @@ class Reference:
         if self.think:
             reasoning = str(assistant.get("reasoning_content") or "")
             opened = prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
-            if reasoning and reasoning not in text:
+            if reasoning and reasoning not in text and opened and text.startswith(THINK_CLOSE):
+                ids = self.encode(reasoning) + ids  # history writes the block empty (DeepSeek V3.1)
+            elif reasoning and reasoning not in text:
                 ids = self.encode(("" if opened else THINK_OPEN + "\n") + reasoning + "\n" + THINK_CLOSE + "\n\n") + ids
             elif opened and THINK_CLOSE not in text:
                 ids = self.encode("\n" + THINK_CLOSE + "\n\n") + ids

