@@ -152,6 +152,15 @@ def test_resume_overrides_apply_allowed_keys_and_repeats_and_refuse_the_rest() -
         assert (f"the run has {was}" if was else "the run did not set it") in message
 
 
+def test_a_resume_may_change_the_local_trainer_s_memory_settings() -> None:
+    """A run that ran out of memory resumes with smaller chunks or checkpointing: how the
+    step is computed, not what is trained."""
+    memory = ["backend.train_logprob_chunk=256", "backend.train_tokens_per_micro_batch=4096",
+              "backend.gradient_checkpointing=true", "backend.train_bf16_autocast=true", "backend.train_micro_batch=8"]
+    merged = resume_overrides(_record(), ["trainer.resume=true", *memory])
+    assert merged[-len(memory):] == memory
+
+
 def test_eval_and_export_reuse_the_runs_overrides_their_own_winning() -> None:
     assert reuse_overrides(_record(), ["task=succ_digit", "eval.limit=3"]) == [
         "algorithm.learning_rate=0.01", "+task.agent_env.X=1", "task=succ_digit", "eval.limit=3"
