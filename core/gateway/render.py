@@ -459,11 +459,9 @@ class ChatRenderer:
         if cut < 0:
             raise TailUnsupported("the template drops assistant content")
         cut += len(marker)
-        if call:  # past the arguments' closing brace
+        if call:  # past the arguments' closing brace (XML arguments: the tail cuts at the stop token)
             brace = text.find("}", cut)
-            if brace < 0:
-                raise TailUnsupported("the template does not write tool-call arguments as JSON")
-            cut = brace + 1
+            cut = cut if brace < 0 else brace + 1
         closer = text[cut:]
         if len(text) <= ANCHOR_CACHE_CHARS // 4:
             with self._anchor_lock:
@@ -573,6 +571,11 @@ class ChatRenderer:
         try:
             anchor_text, closer = self._anchor(tools, reasoning, calls, served.system)
             full = self.render_text([*anchor, *tail], tools, add_generation_prompt=True)
+            if calls and emitted_closer and emitted_closer in closer:
+                # What the template writes after the calls starts at the stop token the model
+                # ended on (MiniMax M2 writes XML arguments: its anchor's closer starts at the
+                # marker value, not after a closing brace).
+                closer = closer[closer.index(emitted_closer) :]
         except TemplateRefused as exc:
             # The made-up anchor conversation may break a rule the real one keeps (a
             # template that wants a system message first): the full render decides.

@@ -5,6 +5,8 @@ Defines:
 - ``parse_deepseek_v31``: DeepSeek V3.1 / V3.2 ``<｜tool▁calls▁begin｜>``, then per call
   ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>`` (no type, no fenced block),
   then ``<｜tool▁calls▁end｜>``.
+- ``parse_minimax_m2``: MiniMax M2 ``<minimax:tool_call>``, then per call ``<invoke name="NAME">``
+  with ``<parameter name="K">V</parameter>`` per argument, then ``</minimax:tool_call>``.
 
 Each returns a ``ParsedOutput``: the content before the calls and the calls, or, for markup
 that does not parse, the whole text as content with ``ill_formed`` set and the reason.
@@ -18,7 +20,7 @@ from typing import Any
 from core.gateway import safejson
 from core.gateway.parsed_output import ParsedOutput
 
-__all__ = ["parse_deepseek_v31"]
+__all__ = ["parse_deepseek_v31", "parse_minimax_m2"]
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 DS_CALLS_END = "<｜tool▁calls▁end｜>"
@@ -62,3 +64,48 @@ def parse_deepseek_v31(text: str) -> ParsedOutput:
     if not calls or block[pos:].strip():
         return _ill(text, f"a tool call is not '{DS_CALL_BEGIN}NAME<｜tool▁sep｜>' + a JSON object + '<｜tool▁call▁end｜>'")
     return ParsedOutput(content=text[:start], tool_calls=calls)
+
+
+MINIMAX_BEGIN = "<minimax:tool_call>"
+MINIMAX_END = "</minimax:tool_call>"
+_MM_INVOKE = re.compile(r'<invoke name="([^"\n]+)">(.*?)</invoke>', re.DOTALL)
+_MM_PARAM = re.compile(r'<parameter name="([^"\n]+)">(.*?)</parameter>', re.DOTALL)
+
+
+def _value(raw: str) -> Any:
+    """A parameter value: JSON when it parses (the template writes non-strings as JSON), else the text."""
+    try:
+        return safejson.loads(raw)
+    except ValueError:  # not JSON, or nested too deep: keep the text
+        return raw
+
+
+def parse_minimax_m2(text: str) -> ParsedOutput:
+    """Parse MiniMax M2 tool calls: ``<minimax:tool_call>``, then per call ``<invoke name="NAME">``
+    with a ``<parameter name="K">V</parameter>`` per argument (values JSON-decoded when they
+    parse, as for ``qwen3_coder``), then ``</minimax:tool_call>``; text before is content."""
+    start = text.find(MINIMAX_BEGIN)
+    if start < 0:
+        if "<invoke name=" in text or MINIMAX_END in text:
+            return _ill(text, f"'<invoke' or '{MINIMAX_END}' outside a '{MINIMAX_BEGIN}' block")
+        return ParsedOutput(content=text)
+    body = text[start + len(MINIMAX_BEGIN) :]
+    end = body.find(MINIMAX_END)
+    if end < 0:
+        return _ill(text, f"unterminated '{MINIMAX_BEGIN}' (no '{MINIMAX_END}')")
+    if body[end + len(MINIMAX_END) :].strip():
+        return _ill(text, "text after the tool calls")
+    calls: list[tuple[str, Any]] = []
+    pos = 0
+    block = body[:end]
+    for m in _MM_INVOKE.finditer(block):
+        if block[pos : m.start()].strip():
+            return _ill(text, "text between tool calls")
+        inner = m.group(2)
+        if _MM_PARAM.sub("", inner).strip():
+            return _ill(text, "text inside '<invoke>' outside '<parameter>' tags")
+        calls.append((m.group(1).strip(), {p.group(1): _value(p.group(2)) for p in _MM_PARAM.finditer(inner)}))
+        pos = m.end()
+    if not calls or block[pos:].strip():
+        return _ill(text, "a tool call is not '<invoke name=\"NAME\">' with '<parameter name=\"K\">' tags")
+    return ParsedOutput(content=text[:start].rstrip("\n"), tool_calls=calls)

@@ -10,6 +10,8 @@ Defines:
   then a fenced JSON block per call.
 - ``parse_deepseek_v31`` (``core.gateway.toolformats``): DeepSeek V3.1 / V3.2, the same markers
   with each call's JSON right after ``<｜tool▁sep｜>`` (no type, no fenced block).
+- ``parse_minimax_m2`` (``core.gateway.toolformats``): MiniMax M2 ``<minimax:tool_call>`` with
+  ``<invoke name="NAME"><parameter name="K">V</parameter>…</invoke>`` per call.
 - ``harmony`` (gpt-oss): messages addressed ``to=functions.NAME`` (``core.gateway.harmony``).
 - ``parse_glm45``: GLM-4.5 ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``.
 - ``parse_mistral``: Mistral ``[TOOL_CALLS]`` followed by a JSON list of calls (v3 tokenizers)
@@ -33,7 +35,7 @@ from typing import Any
 from core.gateway import safejson
 from core.gateway.harmony import parse_harmony
 from core.gateway.parsed_output import ParsedOutput, ToolParser
-from core.gateway.toolformats import parse_deepseek_v31
+from core.gateway.toolformats import MINIMAX_BEGIN, parse_deepseek_v31, parse_minimax_m2
 
 __all__ = [
     "CALL_MARKERS",
@@ -50,6 +52,7 @@ __all__ = [
     "parse_hermes",
     "parse_mistral",
     "parse_llama3_json",
+    "parse_minimax_m2",
     "parse_qwen3_coder",
 ]
 
@@ -302,6 +305,7 @@ PARSERS: dict[str, ToolParser] = {
     "llama3_json": parse_llama3_json,
     "deepseek_v3": parse_deepseek_v3,
     "deepseek_v31": parse_deepseek_v31,
+    "minimax_m2": parse_minimax_m2,
     "harmony": parse_harmony,
     "glm45": parse_glm45,
     "mistral": parse_mistral,
@@ -313,6 +317,8 @@ def detect_parser(chat_template: str) -> str | None:
     """Guess the tool-call format from a chat template's text; None when it shows none."""
     if "<|call|>" in chat_template and "to=" in chat_template:
         return "harmony"
+    if MINIMAX_BEGIN in chat_template:
+        return "minimax_m2"
     if DS_CALLS_BEGIN in chat_template:
         # V3 / R1 fence each call's JSON in a ```json block; V3.1 / V3.2 write it bare after the name.
         bare = "<｜tool▁sep｜>" in chat_template and "```json" not in chat_template

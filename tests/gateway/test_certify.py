@@ -146,6 +146,9 @@ EXPECTED = {
     # GLM-4.6: one row unless past reasoning is dropped (a new question, a client dropping it).
     # DeepSeek V3.1 (thinking off): one row; with thinking on, history writes the block empty.
     "deepseek-v3.1": ("forks", set()),
+    # MiniMax M2's generation prompt opens <think>: a turn without reasoning, or a new question, forks;
+    # a tool loop whose reasoning is sent back is one row (XML arguments: the anchor cuts at [e~[).
+    "minimax-m2": ("forks", set()),
     "glm-4.6": ("forks", set()),
     # GLM-4.7's generation prompt opens <think>; a turn without reasoning is '</think>' in history.
     "glm-4.7": ("forks", set()),

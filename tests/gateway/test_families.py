@@ -823,3 +823,49 @@ def test_deepseek_v31_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) ->
     ]
     assert row.token_ids == rendered(tok, reference)
     assert trained(tok, row)[0] == ds31_call("12*7") + "<｜end▁of▁sentence｜>"
+
+
+def minimax_call(expression: str) -> str:
+    """MiniMax M2's XML tool call, as its template writes one after the reasoning."""
+    return (f'\n<minimax:tool_call>\n<invoke name="calculator">\n<parameter name="expression">{expression}'
+            "</parameter>\n</invoke>\n</minimax:tool_call>")
+
+
+def minimax_turn(reasoning: str, body: str) -> str:
+    """What M2 writes after its generation prompt (``]~b]ai\\n<think>\\n``): its reasoning, the tag, the rest."""
+    return f"{reasoning}\n</think>\n\n{body}"
+
+
+@pytest.mark.parametrize("family", [("minimax-m2", {})], indirect=True)
+def test_minimax_m2_offline_vocabulary_tool_loop_is_one_exact_row_and_a_new_question_forks(
+    family: tuple[Harness, Any],
+) -> None:
+    """MiniMax M2's real template and special tokens, on a vocabulary built offline (the fixtures
+    README says what that does not prove). The generation prompt opens ``<think>``; with the
+    reasoning sent back, a tool loop (XML calls, ``minimax_m2``) is one row equal to the
+    template's rendering; a new question drops past reasoning, so its turn is a new row."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("[e~[")
+    assert h.gw.end_of_turn_ids == (end,)
+    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == ("minimax_m2", "think")
+    agent = Agent(h, tok, end)
+    first = agent.turn(minimax_turn("Multiply first.", minimax_call("12*7")))
+    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    assert agent.turn(minimax_turn("Done.", "84.")).content == "84."
+    agent.user("And 2+2?")
+    agent.turn(minimax_turn("Easy.", "4."))
+    loop, question = agent.rows()
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "84.", "reasoning_content": "Done."},
+    ]
+    expected = rendered(tok, reference)
+    assert loop.token_ids == expected[: len(loop.token_ids)] and tok.decode(expected[len(loop.token_ids) :]) == "\n"
+    prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True)
+    assert "Multiply first." not in tok.decode(prompt)
+    assert question.token_ids == prompt + [*ids(tok, minimax_turn("Easy.", "4.")), end]

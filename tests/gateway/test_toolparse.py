@@ -14,6 +14,7 @@ from core.gateway.toolparse import (
     parse_deepseek_v31,
     parse_hermes,
     parse_llama3_json,
+    parse_minimax_m2,
     parse_qwen3_coder,
 )
 from core.samplers import ScriptedSampler
@@ -227,3 +228,21 @@ def test_deepseek_v31_calls_parse_and_broken_ones_are_text() -> None:
     assert parse_deepseek_v31(f"{_B}{one.replace('{', '[1, {').replace('}<', '}]<')}{_E}").bad_json
     assert detect_parser(f"{_B}<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments") == "deepseek_v31"
     assert detect_parser(f"{_B}<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n") == "deepseek_v3"
+
+
+def test_minimax_m2_calls_parse_and_broken_ones_are_text() -> None:
+    """MiniMax M2: ``<invoke name=...>`` per call inside ``<minimax:tool_call>``; parameter values
+    JSON-decoded when they parse (the template writes non-strings as JSON)."""
+    text = ('Checking.\n<minimax:tool_call>\n<invoke name="calculator">\n<parameter name="expression">12*7'
+            '</parameter>\n</invoke>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+            '<parameter name="days">2</parameter>\n</invoke>\n</minimax:tool_call>')
+    out = parse_minimax_m2(text)
+    assert out.content == "Checking." and not out.ill_formed
+    assert out.tool_calls == [("calculator", {"expression": "12*7"}), ("get_weather", {"city": "Paris", "days": 2})]
+    assert parse_minimax_m2("plain").tool_calls == []
+    for broken, why in [(text[: -len("</minimax:tool_call>")], "unterminated"),
+                        (text.replace("<parameter name=\"city\">", "city: "), "outside"),
+                        ('<invoke name="f"></invoke>', "outside")]:
+        bad = parse_minimax_m2(broken)
+        assert bad.ill_formed and why in bad.error and bad.content == broken, (broken, bad.error)
+    assert detect_parser("{%- set toolcall_begin_token = '<minimax:tool_call>' -%}") == "minimax_m2"

