@@ -249,14 +249,47 @@ def ray_runtime(out: Path) -> dict[str, Any]:
 
 
 def gateway_append(out: Path) -> dict[str, Any]:
-    """benchmarks/gateway.py's append workload (the 1k x 256-session row is the quoted one)."""
+    """benchmarks/gateway.py's append workload on the tiny tokenizer (the 1k x 256-session row is the quoted one)."""
     code, wall, rows = _benchmark_json(
-        ["benchmarks/gateway.py", "--workload", "append"], out, "gateway_append"
+        ["benchmarks/gateway.py", "--workload", "append", "--tokenizer", "tiny"], out, "gateway_append"
     )
     keep = ("sessions", "context_tokens", "turns", "turns_per_s", "p50_ms", "p99_ms", "gateway_cpu_ms_per_turn")
     if isinstance(rows, list):
         rows = [{k: r.get(k) for k in keep} for r in rows]
     return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
+GATEWAY_KEEP = (
+    "workload", "sessions", "context_tokens", "body_kb", "turns", "turns_per_s", "p50_ms", "p99_ms",
+    "added_p50_ms", "added_p99_ms", "gateway_cpu_ms_per_turn", "client_cpu_ms_per_turn", "gateway_rss_mb",
+    "gateway_peak_rss_mb",
+)
+
+
+def _gateway(args: list[str], out: Path, name: str) -> dict[str, Any]:
+    code, wall, rows = _benchmark_json(["benchmarks/gateway.py", *args], out, name)
+    if isinstance(rows, list):
+        rows = [{k: r[k] for k in GATEWAY_KEEP if k in r} for r in rows]
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
+def gateway_agent(out: Path) -> dict[str, Any]:
+    """benchmarks/gateway.py's agent workload on Qwen3's tokenizer (ChatML template): CPU per turn,
+    body size and RSS at 1 and 256 sessions of ~1k tokens and one session at ~8k and ~32k."""
+    return _gateway(["--workload", "agent", "--grid", "1x1000,256x1000,1x8000,1x32000"], out, "gateway_agent")
+
+
+def gateway_tools(out: Path) -> dict[str, Any]:
+    """benchmarks/gateway.py's tool-using agent workload on Qwen3's tokenizer (a tool call and a
+    128-token tool result appended every turn)."""
+    return _gateway(["--workload", "tools"], out, "gateway_tools")
+
+
+def gateway_ramp(out: Path) -> dict[str, Any]:
+    """benchmarks/gateway.py's concurrency ramp (1 to 2,000 sessions of ~1k tokens in flight) with the
+    sampler sleeping 0.02-0.5 s a turn (the 0.2-5 s ramp, ten times faster): turns/s, the latency
+    the gateway added (p50/p99), gateway and load-generator CPU per turn. One gateway process."""
+    return _gateway(["--workload", "ramp", "--quick", "--ramp-delay", "0.02:0.5"], out, "gateway_ramp")
 
 
 def local_sampler(out: Path) -> dict[str, Any]:
@@ -348,8 +381,18 @@ FIGURES = [
         "ray_runtime", "python benchmarks/ray_runtime.py --rounds 6", ["docs/runtime.md"], "2-3 min", ray_runtime,
     ),
     Figure(
-        "gateway_append", "python benchmarks/gateway.py --workload append", ["docs/gateway.md"], "1-2 min",
-        gateway_append,
+        "gateway_append", "python benchmarks/gateway.py --workload append --tokenizer tiny", ["docs/gateway.md"],
+        "1-2 min", gateway_append,
+    ),
+    Figure(
+        "gateway_agent", "python benchmarks/gateway.py --workload agent --grid 1x1000,256x1000,1x8000,1x32000",
+        ["docs/gateway.md"], "2-4 min", gateway_agent,
+    ),
+    Figure("gateway_tools", "python benchmarks/gateway.py --workload tools", ["docs/gateway.md"], "2-4 min",
+           gateway_tools),
+    Figure(
+        "gateway_ramp", "python benchmarks/gateway.py --workload ramp --quick --ramp-delay 0.02:0.5",
+        ["docs/gateway.md"], "2-4 min", gateway_ramp,
     ),
     Figure("local_sampler", "python benchmarks/local_sampler.py", ["docs/backends/local.md"], "30 s", local_sampler),
     Figure("traces", "python benchmarks/traces.py", ["docs/viewer.md"], "30-60 s", traces),

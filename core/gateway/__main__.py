@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="vLLM API: /inference/v1/generate or /v1/completions with token-id prompts")
     p.add_argument("--served-model", default="", help="model name sent to vLLM (default: the server's only model)")
     p.add_argument("--reply", default="Hello from the scripted sampler.", help="text the scripted sampler answers")
+    p.add_argument("--sampler-delay", default="0", metavar="S or LOW:HIGH",
+                   help="seconds the scripted sampler sleeps per turn; LOW:HIGH spreads it log-uniformly "
+                        "by prompt length (core.samplers.scripted.spread_delay)")
     p.add_argument("--tokenizer", default="tiny",
                    help="'tiny' (offline) or a Hugging Face name/path (loaded in a child process, so this one "
                         "never imports torch; see core.tokenizer_export)")
@@ -50,10 +53,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=int, default=1, help="sessions to create at start")
     p.add_argument("--admin-token", default="")
     p.add_argument("--allow-sampling-overrides", action="store_true")
+    p.add_argument("--max-connections", type=int, default=2048, help="gateway.max_connections (0 = no cap)")
+    p.add_argument("--max-pending-headers-per-client", type=int, default=64,
+                   help="gateway.max_pending_headers_per_client (0 = no cap; thousands of agents on one host)")
     p.add_argument("--ignore-request-field", action="append", default=[], metavar="NAME",
                    help="top-level request field to drop before a request is read (repeatable; "
                         "gateway.ignore_request_fields, docs/gateway.md Request fields)")
     return p
+
+
+def _delay(text: str) -> float | tuple[float, float]:
+    """``--sampler-delay``: ``S`` or ``LOW:HIGH`` seconds."""
+    try:
+        low, sep, high = text.partition(":")
+        return (float(low), float(high)) if sep else float(low)
+    except ValueError:
+        raise SystemExit(f"--sampler-delay must be seconds (0.5) or LOW:HIGH (0.2:5), got {text!r}") from None
 
 
 def _backend_sampler(name: str) -> tuple[Any, Any, str]:
@@ -77,7 +92,8 @@ async def _serve(args: argparse.Namespace) -> None:
         from core.tokenizer_export import load_tokenizer_without_torch
 
         tok = load_tokenizer_without_torch(args.tokenizer)
-        sampler: Any = ScriptedSampler(default=encode_reply(tok, args.reply), tokenizer=tok, record_calls=False)
+        sampler: Any = ScriptedSampler(default=encode_reply(tok, args.reply), tokenizer=tok, record_calls=False,
+                                       delay_s=_delay(args.sampler_delay))
         model_id = "scripted"
     elif args.sampler.startswith("backend:"):
         sampler, tok, model_id = _backend_sampler(args.sampler.split(":", 1)[1])
@@ -100,6 +116,7 @@ async def _serve(args: argparse.Namespace) -> None:
         host=args.host, port=args.port, history_mode=args.history_mode, tool_parser=args.tool_parser,
         max_context_tokens=args.max_context_tokens, admin_token=args.admin_token,
         allow_sampling_overrides=args.allow_sampling_overrides, ignore_request_fields=args.ignore_request_field,
+        max_connections=args.max_connections, max_pending_headers_per_client=args.max_pending_headers_per_client,
     )
     gw = Gateway(tokenizer=tok, sampler=sampler, config=config, model_id=model_id)
     server = GatewayServer(gw, host=args.host, port=args.port)

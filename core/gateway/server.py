@@ -78,6 +78,11 @@ def tune_gc() -> bool:
     collections about thirty times rarer. Reference counting still frees
     acyclic garbage at once; only cycles wait longer. Process-wide and
     idempotent: later calls do nothing and return False.
+
+    It also hands the memory that start-up freed back to the OS
+    (``_trim_heap``): loading a real tokenizer parses a ~10 MB ``tokenizer.json``
+    and glibc keeps the ~50 MB it freed mapped; with Qwen3's tokenizer a gateway
+    held 181 MB before and 127 MB after.
     """
     import gc
 
@@ -85,9 +90,25 @@ def tune_gc() -> bool:
     if _gc_tuned:
         return False
     _gc_tuned = True
+    gc.collect()
+    _trim_heap()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
     return True
+
+
+def _trim_heap() -> None:
+    """``malloc_trim(0)``: return glibc's free heap pages to the OS (nothing elsewhere)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return
+    trim(0)
 
 
 def _protocol_class(max_connections: int, max_pending_per_client: int, grace_s: float) -> type[asyncio.Protocol]:

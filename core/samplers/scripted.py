@@ -1,6 +1,6 @@
 """A sampler that replays preset token sequences.
 
-Defines ``ScriptedSampler``, ``SamplerCall`` and ``encode_reply``.
+Defines ``ScriptedSampler``, ``SamplerCall``, ``encode_reply`` and ``spread_delay``.
 
 It honours ``max_tokens`` (cutting the reply, finish ``length``), stop token
 ids and, given a tokenizer, stop strings (ending after the token that
@@ -20,7 +20,7 @@ from typing import Any
 from core.errors import SamplerError
 from core.types import FinishReason, SampleResult, SamplingParams
 
-__all__ = ["SamplerCall", "ScriptedSampler", "encode_reply", "fake_logprob"]
+__all__ = ["SamplerCall", "ScriptedSampler", "encode_reply", "fake_logprob", "spread_delay"]
 
 
 def encode_reply(tokenizer: Any, text: str, *, eos: bool = True) -> list[int]:
@@ -29,6 +29,19 @@ def encode_reply(tokenizer: Any, text: str, *, eos: bool = True) -> list[int]:
     if eos:
         ids.append(int(tokenizer.eos_token_id))
     return ids
+
+
+def spread_delay(prompt_tokens: int, low_s: float, high_s: float) -> float:
+    """A sampler latency between ``low_s`` and ``high_s``, log-uniform over prompt lengths.
+
+    Why a function of the prompt's length: a benchmark client reads the prompt's
+    length from ``usage`` and subtracts exactly the sleep its turn got, so what is
+    left is the latency the gateway added.
+    """
+    if high_s <= low_s:
+        return low_s
+    u = ((prompt_tokens * 2654435761) % 2**32) / 2**32
+    return float(low_s * (high_s / low_s) ** u)
 
 
 def fake_logprob(token_id: int, position: int) -> float:
@@ -62,7 +75,7 @@ class ScriptedSampler:
         tokenizer: Any = None,
         eos_token_id: int | None = None,
         weight_version: int = 0,
-        delay_s: float = 0.0,
+        delay_s: float | tuple[float, float] = 0.0,
         record_calls: bool = True,
     ) -> None:
         """Create a sampler.
@@ -73,7 +86,8 @@ class ScriptedSampler:
             tokenizer: Needed only to honour stop strings; also supplies the EOS id.
             eos_token_id: Stop token; defaults to the tokenizer's EOS.
             weight_version: Reported on every result (bump it to mimic a weight sync).
-            delay_s: Sleep per call, to test concurrency, streaming and disconnects.
+            delay_s: Sleep per call, to test concurrency, streaming and disconnects; a
+                (low, high) pair sleeps ``spread_delay(len(prompt), low, high)``.
             record_calls: Keep every call in ``calls`` (off for benchmarks).
         """
         self._queue: deque[list[int]] = deque(list(r) for r in replies)
@@ -124,7 +138,9 @@ class ScriptedSampler:
         """Return the next scripted reply, cut by ``max_tokens``, stop ids and stop strings."""
         if self.record_calls:
             self.calls.append(SamplerCall(tuple(prompt_token_ids), params, session_id))
-        if self.delay_s:
+        if isinstance(self.delay_s, tuple):
+            await asyncio.sleep(spread_delay(len(prompt_token_ids), *self.delay_s))
+        elif self.delay_s:
             await asyncio.sleep(self.delay_s)
         ids = self._next(session_id)
         finish = FinishReason.LENGTH
