@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 QUICKSTART = ROOT / "docs" / "quickstart.md"
 EXAMPLES = ROOT / "examples" / "README.md"
 STEP_LINE = re.compile(r"^step +(\d+)  reward (\d\.\d{3})  failed (\d+)  lp-gap \S+  \d+\.\d\ds$")
@@ -107,6 +108,54 @@ def test_every_train_command_on_the_page_composes(page: Path) -> None:
     for command in commands:
         cfg = _compose(_overrides(command))
         assert cfg.task.name and cfg.backend.name, command
+
+
+def _choosing_things() -> list[str]:
+    """README's "Choosing things" commands, comments removed."""
+    (block,) = _blocks(_section(README.read_text(), "## Choosing things"), "console")
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+README_RUN_AS_WRITTEN = {"python -m core.plugins", "python -m core.train --cfg job"}
+"""Cheap: run exactly as written."""
+README_ELSEWHERE = {
+    "python -m core.train task=math_agent trainer.max_steps=3": "test_each_example_trains_with_its_documented_command",
+    "python -m core.view RUN_DIR": "tests/view (the viewer's server, API and page on a real run)",
+    "python -m core.train backend=verl": "plugins/verl/tests, in the verl venv (bash plugins/verl/scripts/run_tests.sh)",
+    "python -m core.train sampler=sglang sampler.urls='[http://10.0.0.5:30000]'":
+        "composed here; tests/trainer/test_fleet.py trains through real servers (marker long)",
+}
+"""Run by another test, or needing what this environment has not (named with each)."""
+
+
+def test_every_readme_command_is_run_or_accounted_for() -> None:
+    """A new line in README's "Choosing things" must be run here or say which test runs it."""
+    for command in _choosing_things():
+        known = command in README_RUN_AS_WRITTEN or command in README_ELSEWHERE
+        assert known or (command.startswith("python -m core.train ") and "--cfg" not in command), command
+        if command.startswith("python -m core.train") and "backend=verl" not in command:
+            overrides = [o for o in _overrides(command) if o not in ("--cfg", "job")]
+            assert _compose(overrides).task.name, command
+
+
+@pytest.mark.slow
+def test_readme_commands_run(tmp_path: Path) -> None:
+    """README's "Choosing things", run: the cheap ones as written, the trainings cut to 2 steps
+    (their full runs are the learning tests': tests/learning)."""
+    for command in _choosing_things():
+        if command in README_ELSEWHERE:
+            continue
+        if command in README_RUN_AS_WRITTEN:
+            proc = _run(command, tmp_path)
+            assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
+            continue
+        run_dir = tmp_path / f"run{abs(hash(command))}"
+        cut = ("trainer.max_steps=2", "trainer.eval_every=0", "trainer.progress=false", f"run_dir={run_dir}")
+        proc = _run(command, tmp_path, *cut)
+        assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
+        steps = re.findall(r"^step +(\d+)  reward \d\.\d{3}  failed 0  lp-gap ", proc.stdout, re.MULTILINE)
+        assert steps == ["1", "2"], (command, proc.stdout)  # async lines add `stale m/M`
+        assert f"next: python -m core.view {run_dir}" in proc.stdout, proc.stdout
 
 
 def test_quickstart_names_only_scripts_that_exist() -> None:
