@@ -225,8 +225,6 @@ class Trainer:
         indices = self.order.next_batch(self.t.batch_size)
         self._last_batch = indices
         payloads = [(f"s{self.step + 1}-g{i}", self.train_rows[idx]) for i, idx in enumerate(indices)]
-        if self.console and self.step < self.t.max_steps:
-            print(CONSOLE_LEGEND, flush=True)
         bar = None
         if self.t.progress:
             from tqdm import tqdm

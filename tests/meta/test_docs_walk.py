@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from core.rundir.metrics import CONSOLE_LEGEND
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 QUICKSTART = ROOT / "docs" / "quickstart.md"
@@ -98,6 +100,7 @@ def _check_step_lines(stdout: str, steps: int) -> list[re.Match[str]]:
     assert [int(m.group(1)) for m in matches] == list(range(1, steps + 1)), stdout
     assert all(m.group(3) == "0" for m in matches), f"failed rollouts:\n{stdout}"
     assert f"run finished at step {steps}" in stdout, stdout
+    assert stdout.count(CONSOLE_LEGEND) == 1, stdout  # once, above the step lines
     return matches
 
 
@@ -155,6 +158,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
         steps = re.findall(r"^step +(\d+)  reward \d\.\d{3}  failed 0  lp-gap ", proc.stdout, re.MULTILINE)
         assert steps == ["1", "2"], (command, proc.stdout)  # async lines add `stale m/M`
+        assert proc.stdout.count(CONSOLE_LEGEND) == 1, proc.stdout
         assert f"next: python -m core.view {run_dir}" in proc.stdout, proc.stdout
 
 
