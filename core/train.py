@@ -83,7 +83,10 @@ def _record_run(cfg: DictConfig, given: list[str]) -> None:
 
 
 def _run(cfg: DictConfig, plugins: Plugins, given: list[str]) -> int:
+    from core.trainer.guards import check_policy_support
+
     spec = plugins.backend(str(cfg.backend.name))
+    check_policy_support([str(name) for name in cfg.get("policies") or {}], spec)  # before anything starts
     if spec.kind == "driving":
         check_driving_settings(cfg, str(spec.name))
         backend = spec.factory(cfg)

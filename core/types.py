@@ -9,6 +9,7 @@ Defines:
   interrupted by a weight update has several).
 - ``check_segments``: the rule segments follow.
 - ``ParseStatus``: what the gateway's tool-call parser made of one generated turn.
+- ``DEFAULT_POLICY``: the policy of a run that configures none (and of old traces).
 - ``TurnSpan``: where one generated turn sits inside a ``TraceRecord`` row.
 - ``TraceRecord``: one training row captured by the gateway for a session.
 - ``RolloutRequest`` / ``RolloutResult``: what the trainer hands a runtime and gets back.
@@ -33,6 +34,7 @@ from typing import Any, TypeAlias
 
 __all__ = [
     "AdamParams",
+    "DEFAULT_POLICY",
     "Datum",
     "FinishReason",
     "ForwardBackwardResult",
@@ -54,6 +56,10 @@ __all__ = [
 TokenIds: TypeAlias = list[int]
 Logprobs: TypeAlias = list[float]
 Metrics: TypeAlias = dict[str, float]
+
+DEFAULT_POLICY = "default"
+"""The policy every turn belongs to when a run configures no ``policies`` (and the policy
+of turns read from traces written before turns recorded one)."""
 
 
 class FinishReason(StrEnum):
@@ -271,6 +277,9 @@ class TurnSpan:
     parse_detail: str = ""
     """Why a failed parse failed (the parser's message, the unknown names, the tools whose
     strict schema the arguments break); '' otherwise."""
+    policy: str = DEFAULT_POLICY
+    """The policy that generated the turn (the gateway routes each turn by its request's
+    ``model``, docs/multi_agent.md). Every turn of a row has the same one."""
 
     def version_segments(self) -> tuple[Segment, ...]:
         """The turn's segments; one covering the turn when it was never interrupted."""
@@ -317,6 +326,11 @@ class TraceRecord:
         """Number of tokens the loss trains on."""
         return sum(self.loss_mask)
 
+    def policy(self) -> str:
+        """The policy that generated the row's turns (a row never mixes policies);
+        ``DEFAULT_POLICY`` for a row without turns."""
+        return self.turns[0].policy if self.turns else DEFAULT_POLICY
+
     def token_versions(self) -> list[int | None]:
         """The weight version of each generated token (from its turn's segments), None
         for tokens no turn generated (the prompt, tool results)."""
@@ -342,6 +356,12 @@ class TraceRecord:
             )
         if any(self.loss_mask[: self.prompt_length]):
             raise ValueError(f"TraceRecord {self.session_id!r}: loss_mask is set inside the prompt")
+        policies = sorted({span.policy for span in self.turns})
+        if len(policies) > 1:
+            raise ValueError(
+                f"TraceRecord {self.session_id!r} row {self.row_index}: its turns come from policies "
+                f"{policies}; a row holds the turns of one policy"
+            )
         for span in self.turns:
             if not self.prompt_length <= span.start <= span.end <= n:
                 raise ValueError(f"TraceRecord {self.session_id!r}: turn {span} out of bounds")

@@ -56,6 +56,7 @@ class CreateSessionBody(BaseModel):
     metadata: dict[str, Any] = {}
     history_mode: Literal["linear", "tree"] | None = None
     allow_sampling_overrides: bool | None = None
+    policy: str | None = Field(None, max_length=200)
 
 
 class RewardBody(BaseModel):
@@ -123,12 +124,18 @@ def admin_routes(gateway: Gateway) -> list[Route]:
                 sampling = SamplingParams(**d)
             except ValueError as exc:
                 raise bad_request(f"invalid sampling: {exc}") from None
+        if body.policy is not None and body.policy not in gateway.policies.names:
+            raise bad_request(
+                f"unknown policy {body.policy[:80]!r}; this gateway serves {list(gateway.policies.names)}",
+                param="policy",
+            )
         sid = gateway.create_session(
             sampling=sampling,
             max_context_tokens=body.max_context_tokens,
             metadata=body.metadata,
             history_mode=body.history_mode,
             allow_sampling_overrides=body.allow_sampling_overrides,
+            policy=body.policy,
         )
         base = str(request.base_url).rstrip("/")
         return {"session_id": sid, "base_url": f"{base}/v1", "session_base_url": f"{base}/sessions/{sid}/v1"}

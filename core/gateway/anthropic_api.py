@@ -71,6 +71,7 @@ def parse_messages_request(body: dict[str, Any], reasoning: ReasoningSwitches = 
         stop=opt_stop(body, "stop_sequences"),
         template_kwargs=kwargs or None,
         strict=strict_schemas(body.get("tools"), flat=True),
+        model=body.get("model"),
     )
     return req, opt_bool(body, "stream")
 

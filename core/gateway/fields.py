@@ -225,10 +225,10 @@ CHAT_FIELDS = Fields(
     read=frozenset({
         "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens", "max_completion_tokens",
         "temperature", "top_p", "top_k", "stop", "n", "stream", "stream_options", "seed", "logprobs",
-        "top_logprobs", "reasoning_effort", "chat_template_kwargs", "verbosity",
+        "top_logprobs", "reasoning_effort", "chat_template_kwargs", "verbosity", "model",
     }),
     harmless=frozenset({
-        "model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+        "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
         "prompt_cache_options", "safety_identifier", "prediction",
     }),
     unhonoured=OPENAI_UNHONOURED,
@@ -247,10 +247,10 @@ ANTHROPIC_FIELDS = Fields(
     dialect="messages",
     read=frozenset({
         "messages", "system", "tools", "tool_choice", "max_tokens", "temperature", "top_p", "top_k",
-        "stop_sequences", "stream", "thinking",
+        "stop_sequences", "stream", "thinking", "model",
     }),
     harmless=frozenset({
-        "model", "metadata", "service_tier", "cache_control", "inference_geo", "speed", "workspace_id",
+        "metadata", "service_tier", "cache_control", "inference_geo", "speed", "workspace_id",
         "user_profile_id", "diagnostics",
     }),
     unhonoured=ANTHROPIC_UNHONOURED,

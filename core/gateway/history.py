@@ -15,7 +15,8 @@ Defines:
 - ``build_rows``: pack the turns into ``TraceRecord`` rows.
 
 Packing: every turn's prompt starts with the exact tokens of the turn it
-extends (its ``parent``), so each chain from a first turn to a leaf is one row.
+extends (its ``parent``, always of the same policy), so each chain from a first turn
+to a leaf is one row, and a row holds one policy's turns.
 A turn that several rows share is trained (``loss_mask`` 1) in the first row
 only and is context (mask 0, logprob 0.0) in the others.
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.gateway.messages import Unit, raws_of
-from core.types import FinishReason, ParseStatus, Segment, TraceRecord, TurnSpan
+from core.types import DEFAULT_POLICY, FinishReason, ParseStatus, Segment, TraceRecord, TurnSpan
 
 __all__ = ["Matched", "Node", "Turn", "build_rows", "match_path", "release", "reserve_prompt"]
 
@@ -69,6 +70,8 @@ class Turn:
     segments: tuple[Segment, ...] = ()
     """The sampler's segments (offsets into the generated tokens) when a weight update
     interrupted the turn; empty when one version generated it all."""
+    policy: str = DEFAULT_POLICY
+    """The policy that generated the turn; a turn extends (``parent``) only one of its own."""
 
 
 @dataclass(eq=False, slots=True)
@@ -214,7 +217,9 @@ def build_rows(
                 logprobs[s:e] = turn.logprobs
             segments = tuple(Segment(s + g.start, s + g.end, g.weight_version) for g in turn.segments)
             spans.append(
-                TurnSpan(s, e, turn.finish_reason, turn.weight_version, segments, turn.parse, turn.parse_detail)
+                TurnSpan(
+                    s, e, turn.finish_reason, turn.weight_version, segments, turn.parse, turn.parse_detail, turn.policy
+                )
             )
         meta = dict(metadata)
         meta.update(

@@ -113,6 +113,7 @@ def parse_chat_request(body: dict[str, Any], reasoning: ReasoningSwitches = AS_I
         template_kwargs=kwargs or None,
         strict=strict_schemas(tools),
         hints_ignored=verbosity_hint(body.get("verbosity"), "verbosity"),
+        model=body.get("model"),
     )
     return req, stream, include_usage
 

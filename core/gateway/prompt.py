@@ -40,6 +40,7 @@ from core.gateway.render import (
 from core.gateway.safejson import lone_surrogate
 from core.gateway.session import Session
 from core.gateway.turn import TurnRequest
+from core.types import DEFAULT_POLICY
 
 __all__ = ["RENDER_THREADS", "RENDER_VARIANTS", "Prompt", "PromptBuilder"]
 
@@ -73,6 +74,8 @@ class Prompt:
     """Linear mode: the turn will extend the session's chain (it attaches at the chain's end)."""
     reused_raws: list[Any] | None
     """The kept raws of ``Session.matched`` when the match started from them."""
+    policy: str = DEFAULT_POLICY
+    """The policy the turn is sampled from (``parent``, when set, is one of its turns)."""
 
 
 class PromptBuilder:
@@ -177,8 +180,12 @@ class PromptBuilder:
             where = _surrogate_field(units, tools)
             raise bad_request(f"{where} {SURROGATE_HINT}", param=where.split(".")[0].split("[")[0]) from None
 
-    async def build(self, s: Session, req: TurnRequest) -> Prompt:
-        """The prompt of ``req`` in session ``s``.
+    async def build(self, s: Session, req: TurnRequest, policy: str = DEFAULT_POLICY) -> Prompt:
+        """The prompt of ``req`` in session ``s``, for a turn of ``policy``.
+
+        Only a served turn of the same policy is extended: a turn of another policy is
+        rendered whole and starts a row of its own, as a fork does (a row never mixes
+        policies).
 
         The last recorded turn's match (``Session.matched``) is reused when the tree
         is unchanged since, so a resent history costs one list comparison, not a
@@ -220,9 +227,8 @@ class PromptBuilder:
         )
         version = s.tree_version  # before any await: concurrent turns may change the tree
         gen = next((i for i in range(depth - 1, -1, -1) if path[i].turn is not None), -1)
-        if gen >= 0:
-            parent = path[gen].turn
-            assert parent is not None
+        parent = path[gen].turn if gen >= 0 else None
+        if parent is not None and parent.policy == policy:
             tail = [m for node in path[gen + 1 :] for m in node.canon]
             tail += [m for u in req.units[k:] for m in u.canon()]
             size = sum(_message_chars(m) for m in tail)
@@ -247,13 +253,13 @@ class PromptBuilder:
                 s.counters["tail_fallbacks"] += 1
             else:
                 prompt, owned = reserve_prompt(parent, delta)
-                return Prompt(prompt, parent, owned, path, k, version, at_end, reused)
+                return Prompt(prompt, parent, owned, path, k, version, at_end, reused, policy)
         s.counters["full_renders"] += 1
         messages = [m for u in req.units for m in u.canon()]
         prompt = await self.render(
             s, req.units, req.tools, req.size, renderer.render_prompt, messages, req.tools, limit=limit
         )
-        return Prompt(prompt, None, False, path, k, version, at_end, reused)
+        return Prompt(prompt, None, False, path, k, version, at_end, reused, policy)
 
 
 def _surrogate_field(units: Sequence[Unit], tools: list[dict[str, Any]] | None) -> str:

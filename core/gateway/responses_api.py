@@ -12,8 +12,8 @@ Defines:
   from the finished turn (``response.created`` ... ``response.completed``).
 - ``input_error``: a service error re-pointed at the Responses field it is about.
 
-Every top-level field is either used, accepted because it cannot change what the
-model produces (``model``, ``metadata``, ``user``, prompt-cache hints ...), or
+Every top-level field is either used (``model`` picks the turn's policy), accepted because
+it cannot change what the model produces (``metadata``, ``user``, prompt-cache hints ...), or
 refused with a 400 naming it: the gateway never accepts and ignores a field
 that would change the output (docs/gateway.md, "Responses API").
 """
@@ -55,11 +55,11 @@ _CHUNK_CHARS = 64
 _USED = frozenset({
     "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
     "temperature", "top_p", "top_k", "stream", "stream_options", "previous_response_id", "store",
-    "include", "text", "truncation", "reasoning", "top_logprobs", "background",
+    "include", "text", "truncation", "reasoning", "top_logprobs", "background", "model",
 })
 """Fields read below (each refused when it asks for what the gateway cannot do)."""
 _NO_EFFECT = frozenset({
-    "model", "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+    "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "service_tier", "max_tool_calls",
 })
 """Fields that cannot change what the model produces here: accepted (``max_tool_calls``
@@ -256,6 +256,7 @@ def parse_responses_request(
         template_kwargs=kwargs or None,
         strict=strict_schemas(body.get("tools"), flat=True),
         hints_ignored=verbosity_hint((body.get("text") or {}).get("verbosity"), "text.verbosity"),
+        model=body.get("model"),
     )
     if req.top_k is not None and (req.top_k == 0 or req.top_k < -1):
         raise bad_request(f"'top_k' must be -1 or >= 1, got {req.top_k}", param="top_k")

@@ -38,6 +38,7 @@ from core.gateway.errors import (
 from core.gateway.history import Turn, build_rows, release
 from core.gateway.late_rewards import LateRewards
 from core.gateway.messages import Unit, canonical_tool_call
+from core.gateway.policies import PolicyRoutes
 from core.gateway.prompt import Prompt, PromptBuilder
 from core.gateway.reasoning_parsers import (
     get_reasoning_parser,
@@ -81,6 +82,7 @@ class Gateway:
         config: GatewayConfig | None = None,
         model_id: str = "tracerl",
         generation_config: Any = None,
+        policies: PolicyRoutes | None = None,
     ) -> None:
         """Build a gateway.
 
@@ -94,6 +96,8 @@ class Gateway:
                 ``generation_config.json`` beside the tokenizer's files when there is one.
                 A sampler's own ``end_of_turn_ids`` (the local backend's, read from its
                 model) are added too, so the gateway knows every id the sampler stops on.
+            policies: The policies turns are routed to by their ``model``; None: one,
+                ``DEFAULT_POLICY``, which every turn belongs to (docs/multi_agent.md).
 
         Raises:
             ConfigError: bad history mode, unknown tool parser, a template whose
@@ -103,6 +107,8 @@ class Gateway:
         if self.config.history_mode not in HISTORY_MODES:
             raise ConfigError(f"gateway.history_mode is {self.config.history_mode!r}; choose one of {HISTORY_MODES}")
         self.model_id = model_id
+        self.policies = policies or PolicyRoutes()
+        """The policies served and the model names routed to each (``core.gateway.policies``)."""
         self.late_rewards = LateRewards()
         """Rewards posted after their rollout finished (``POST /admin/rollouts/{id}/reward``
         feeds it; the rollout runner waits on it)."""
@@ -155,6 +161,7 @@ class Gateway:
         metadata: dict[str, Any] | None = None,
         history_mode: str | None = None,
         allow_sampling_overrides: bool | None = None,
+        policy: str | None = None,
     ) -> str:
         """Open a session and return its id (the agent's API key).
 
@@ -165,6 +172,8 @@ class Gateway:
             metadata: Free data; ``rollout_id`` and ``group_id`` are copied onto rows.
             history_mode: ``linear`` or ``tree``; None takes the config's.
             allow_sampling_overrides: Let requests set temperature/top_p/top_k.
+            policy: The policy of turns whose request names none; None: the first of
+                ``policies``. ``ConfigError`` for one the gateway does not serve.
         """
         mode = history_mode or self.config.history_mode
         if mode not in HISTORY_MODES:
@@ -172,6 +181,7 @@ class Gateway:
         budget = self.config.max_context_tokens if max_context_tokens is None else max_context_tokens
         if budget < 0:
             raise ConfigError(f"max_context_tokens must be >= 0 (0 = unlimited), got {budget!r}")
+        policy = self.policies.check(policy) if policy is not None else self.policies.default
         sampling = sampling or SamplingParams()
         stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn_ids)))
         if stop_ids != sampling.stop_token_ids:
@@ -187,6 +197,7 @@ class Gateway:
                 self.config.allow_sampling_overrides if allow_sampling_overrides is None else allow_sampling_overrides
             ),
             metadata=dict(metadata or {}),
+            policy=policy,
         )
         return sid
 
@@ -303,8 +314,9 @@ class Gateway:
                 "set gateway.tool_parser for this model",
                 param="tools",
             )
+        policy = self.policies.route(req.model, s.policy, self.model_id)
         params = turn_params(s, req)
-        prompt = await self.prompts.build(s, req)
+        prompt = await self.prompts.build(s, req, policy)
         try:
             if s.closed:  # finished while a large prompt rendered in a worker thread
                 raise session_closed(f"session {_redact(sid)} was finished while this turn's prompt was rendered")
@@ -432,6 +444,7 @@ class Gateway:
             segments=result.segments,
             parse=reply.parse,
             parse_detail=reply.parse_detail,
+            policy=prompt.policy,
         )
         assistant: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if calls:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.gateway.history import Matched, Node, Turn
-from core.types import SamplingParams
+from core.types import DEFAULT_POLICY, SamplingParams
 
 __all__ = ["COUNTERS", "Session", "new_session_id"]
 
@@ -58,6 +58,8 @@ class Session:
     """Whether requests may set temperature/top_p/top_k."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Caller data; ``rollout_id`` and ``group_id`` land on the rows."""
+    policy: str = DEFAULT_POLICY
+    """The policy of turns whose request names none (``PolicyRoutes.route``)."""
     root: Node = field(default_factory=lambda: Node(canon=[]))
     """Root of the message tree (linear mode: the current chain's root)."""
     tree_version: int = 0
@@ -110,6 +112,7 @@ class Session:
                 "stop": list(self.sampling.stop),
             },
             "allow_sampling_overrides": self.allow_sampling_overrides,
+            "policy": self.policy,
             "metadata": self.metadata,
             "counters": dict(self.counters),
             "created_at": self.created_at,

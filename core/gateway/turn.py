@@ -51,6 +51,9 @@ class TurnRequest:
     hints_ignored: tuple[str, ...] = ()
     """Hints the request gave that the template cannot express and that constrain nothing
     the sampler may produce (``verbosity: low``): counted in ``hints_ignored``, not passed on."""
+    model: Any = None
+    """The request's ``model`` as sent (None when absent): it picks the turn's policy
+    (``core.gateway.policies``)."""
     size: int = 0
     """Bytes of the request body; a full render of a body of ``GatewayConfig.render_offload_chars``
     or more runs in a worker thread."""

@@ -43,6 +43,9 @@ class BackendSpec:
     (type-checked overrides) or a plain dict."""
     description: str = ""
     """One line shown by ``python -m core.plugins``."""
+    multi_policy: bool = False
+    """The backend trains several policies in one run (``policies`` with more than one
+    entry, docs/multi_agent.md); without it such a run is refused at start-up."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ mask as ``[start, end)`` runs, ``logprobs`` only where the mask is 1 (rounded to
 followed by the turn's further fields when it has any: a list ``[[start, end,
 weight_version], ...]`` for a turn a weight update interrupted (its segments), and an
 object of named fields (``parse``, and ``parse_detail`` when not empty:
-``core.types.ParseStatus``); files written before them hold four-item turns, read back
-with those fields unset, and readers ignore names they do not know. Then the
+``core.types.ParseStatus``; ``policy`` when not ``DEFAULT_POLICY``); files written before
+them hold four-item turns, read back with those fields unset (the policy as
+``DEFAULT_POLICY``), and readers ignore names they do not know. Then the
 gateway's metadata. ``rows_of`` rebuilds the exact ``TraceRecord``s.
 
 A trace is never fatal to a run: values orjson cannot write (integers outside
@@ -60,7 +61,15 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from core.types import FinishReason, ParseStatus, RolloutStatus, Segment, TraceRecord, TurnSpan
+from core.types import (
+    DEFAULT_POLICY,
+    FinishReason,
+    ParseStatus,
+    RolloutStatus,
+    Segment,
+    TraceRecord,
+    TurnSpan,
+)
 
 TRACES_DIR = "traces"
 """Subdirectory of the run directory holding the trace files."""
@@ -180,6 +189,8 @@ def encode_turn(turn: TurnSpan) -> list[Any]:
         extra["parse"] = str(turn.parse)
         if turn.parse_detail:
             extra["parse_detail"] = turn.parse_detail
+    if turn.policy != DEFAULT_POLICY:
+        extra["policy"] = turn.policy
     if extra:
         out.append(extra)
     return out
@@ -202,7 +213,8 @@ def decode_turn(stored: Sequence[Any]) -> TurnSpan:
     except ValueError:
         parse = None
     detail = str(extra.get("parse_detail") or "")
-    return TurnSpan(int(s), int(e), FinishReason(f), int(v), segments, parse, detail)
+    policy = str(extra.get("policy") or DEFAULT_POLICY)
+    return TurnSpan(int(s), int(e), FinishReason(f), int(v), segments, parse, detail, policy)
 
 
 def encode_rows(rows: Sequence[TraceRecord]) -> list[dict[str, Any]]:

@@ -1,17 +1,19 @@
 """Config schemas of a training run: the root ``TrainConfig`` and its ``trainer``,
-``algorithm`` and ``task`` groups.
+``algorithm``, ``task`` and ``policies`` sections.
 
 Hydra type-checks overrides against these dataclasses (stored as ``base_train`` by
 ``core.config.register_configs``). ``load_train_config(cfg)`` turns the composed
 config into ``TrainConfig``: the schema's dataclasses, whose ``__post_init__`` checks
 run, then ``validate``, the checks that span groups; so a bad setting is refused
 before anything starts. The sections plugins own (``backend``, ``runtime``,
-``reward``) stay the composed ``DictConfig`` nodes. Also defines ``check_loss_config``.
+``reward``) stay the composed ``DictConfig`` nodes. Also defines ``check_loss_config`` and
+``policy_routes`` (the gateway's routing table from ``policies``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ from core.algo.losses import parse_loss_spec
 from core.errors import ConfigError
 from core.eval.config import EvalConfig
 from core.gateway.config import GatewayConfig
+from core.gateway.policies import PolicyRoutes
 from core.rollout.outcome import check_exclude_on
 from core.trainer.fleet import SamplerConfig
 from core.trainer.signal import TOKEN_MEAN_OVER
@@ -37,6 +40,9 @@ LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo")
 """``algorithm.loss`` choices of core's loop."""
 
 _Section = TypeVar("_Section")
+
+POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+"""What a policy name may be: it names metrics and checkpoint folders later on."""
 
 _CLIP_KEYS = ("clip_low", "clip_high", "clip_low_threshold", "clip_high_threshold")
 _UNCLIPPED_LOSSES = ("cross_entropy", "importance_sampling")
@@ -284,6 +290,47 @@ class TaskConfig:
 
 
 @dataclass
+class PolicyConfig:
+    """One entry of ``policies``: a policy the gateway routes turns to (docs/multi_agent.md)."""
+
+    models: list[str] = field(default_factory=list)
+    """Model names (the ``model`` an agent's request sends) routed to this policy, besides
+    the policy's own name."""
+
+
+def policy_routes(policies: Mapping[str, PolicyConfig]) -> PolicyRoutes:
+    """The gateway's routing table for ``policies``: one ``DEFAULT_POLICY`` when empty, else
+    the policies in the order given (the first is the sessions' default).
+
+    Raises:
+        ConfigError: a policy name that is not a plain identifier, or a model name routed to
+            two policies (or to one policy while naming another).
+    """
+    if not policies:
+        return PolicyRoutes()
+    names = tuple(str(name) for name in policies)
+    bad = [n for n in names if not POLICY_NAME.match(n)]
+    if bad:
+        raise ConfigError(
+            f"policies has names {bad!r}; a policy name is 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    models: dict[str, str] = {}
+    for name, policy in policies.items():
+        for model in policy.models:
+            if not isinstance(model, str) or not model:
+                raise ConfigError(f"policies.{name}.models must be non-empty model names, got {model!r}")
+            owner = models.get(model) or (model if model in names and model != name else None)
+            if owner is not None and owner != name:
+                raise ConfigError(
+                    f"model name {model!r} is routed to both policies {owner!r} and {name!r}; "
+                    "each model name routes to one policy (a policy answers to its own name too)"
+                )
+            models[model] = str(name)
+    return PolicyRoutes(names=names, models=models)
+
+
+@dataclass
 class TrainConfig:
     """Schema of the composed config of ``python -m core.train``."""
 
@@ -309,6 +356,12 @@ class TrainConfig:
     """Who samples: the backend (default) or a vLLM/SGLang fleet (``sampler=sglang``)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """``python -m core.eval`` settings (docs/eval.md)."""
+    policies: dict[str, Any] = field(default_factory=dict)
+    """The policies the gateway routes turns to by their request's ``model``, by name, each a
+    ``PolicyConfig`` once ``load_train_config`` has read it (the schema keeps a plain mapping:
+    OmegaConf refuses ``+policies.<name>=...`` into a typed one). Empty: one policy,
+    ``core.types.DEFAULT_POLICY``, as a run with no sub-agents needs. More than one needs a
+    backend that declares ``multi_policy`` (none does yet; docs/multi_agent.md)."""
 
 
 def _section(node: Any, schema: type[_Section]) -> _Section:
@@ -339,6 +392,7 @@ def load_train_config(cfg: DictConfig) -> TrainConfig:
         trainer=_section(cfg.trainer, TrainerConfig),
         sampler=_section(cfg.get("sampler") or {}, SamplerConfig),
         eval=_section(cfg.get("eval") or {}, EvalConfig),
+        policies={str(k): _section(v or {}, PolicyConfig) for k, v in (cfg.get("policies") or {}).items()},
     )
     validate(typed)
     return typed
@@ -350,6 +404,7 @@ def validate(cfg: TrainConfig) -> None:
     ``reward`` is a plugin's node without a schema here, so its ``timeout_s``, which the
     loop's rollout runner waits with, is checked at the root.
     """
+    policy_routes(cfg.policies)
     timeout = cfg.reward.get("timeout_s") if isinstance(cfg.reward, DictConfig) else None
     if timeout is not None and not (float(timeout) >= 0 and math.isfinite(float(timeout))):
         raise ConfigError(f"reward.timeout_s must be a finite number >= 0, got {float(timeout)!r}")

@@ -5,12 +5,14 @@
 - ``check_canary``: the canary rollout reached the gateway and returned a reward;
 - ``check_failures``: a step's rollout failure rate is within ``trainer.max_failure_rate``;
 - ``check_certificate``: the model's chat template certifies (``core.gateway.certify``): its
-  traces equal what the template renders, or the run says it accepts that they may not.
+  traces equal what the template renders, or the run says it accepts that they may not;
+- ``check_policy_support``: a run with several ``policies`` has a backend that trains them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,20 @@ from core.types import RolloutStatus
 
 if TYPE_CHECKING:
     from core.gateway.certify import Certificate
+    from core.plugins import BackendSpec
+
+
+def check_policy_support(policies: Sequence[str], spec: BackendSpec) -> None:
+    """Refuse ``policies`` with more than one entry for a backend that trains one policy:
+    it would train every role's turns into one model, the very thing several policies are
+    configured to avoid, and say nothing."""
+    if len(policies) > 1 and not spec.multi_policy:
+        raise ConfigError(
+            f"policies configures {len(policies)} policies {list(policies)}, but backend {spec.name!r} "
+            "trains one policy per run (its BackendSpec does not declare multi_policy=True); it would "
+            "train every policy's turns into one model. Keep at most one entry in policies; no backend "
+            "trains several policies yet (docs/multi_agent.md)"
+        )
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:

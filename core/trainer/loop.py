@@ -61,9 +61,15 @@ from core.rundir.metrics import (
 )
 from core.rundir.report import write_report
 from core.rundir.traces import TraceWriter
-from core.trainer.config import ASYNC_TIS_CAP, load_train_config
+from core.trainer.config import ASYNC_TIS_CAP, load_train_config, policy_routes
 from core.trainer.fleet import Fleet, build_fleet
-from core.trainer.guards import check_canary, check_certificate, check_failures, check_fresh_run_dir
+from core.trainer.guards import (
+    check_canary,
+    check_certificate,
+    check_failures,
+    check_fresh_run_dir,
+    check_policy_support,
+)
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
 from core.trainer.overrides import loss_sampling, mask_override_turns
 from core.trainer.parse_watch import ParseWatch
@@ -120,6 +126,7 @@ class Trainer:
         self.order = DataOrder(size=len(self.train_rows), seed=self.cfg.seed)
 
         spec = self.plugins.backend(str(self.cfg.backend.name))
+        check_policy_support(list(self.cfg.policies), spec)
         self.backend = spec.factory(self.composed)
         self._closers.append(self.backend.aclose)
         self.fleet = build_fleet(self.composed, self.backend, self.run_dir)  # sampler=vllm|sglang
@@ -130,6 +137,7 @@ class Trainer:
             sampler=self._sampler(),
             config=self.cfg.gateway,
             model_id=self.backend.model_id(),
+            policies=policy_routes(self.cfg.policies),
         )
         await self._certify_template()
         stack = await start_rollout_stack(

@@ -237,3 +237,19 @@ def test_unknown_std_is_refused_at_launch(tmp_path: Path) -> None:
         cfg.algorithm.std = "mad"
     with pytest.raises(ConfigError, match="algorithm.std='mad'"):
         slime_train_args(cfg, _paths(tmp_path))
+
+
+def test_two_policies_are_refused_at_start_up_naming_why(tmp_path: Path) -> None:
+    """slime trains one model per run: ``policies`` with two entries stops ``python -m core.train``
+    before the launch is prepared (docs/multi_agent.md)."""
+    run = tmp_path / "run"
+    proc = _train(
+        ["backend=slime", "backend.dry_run=true", f"run_dir={run}", "+policies.planner={}", "+policies.coder={}"],
+        tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "policies configures 2 policies ['planner', 'coder'], but backend 'slime' trains one policy per run" in proc.stderr
+    assert "multi_policy" in proc.stderr
+    assert not (run / "slime").exists(), "nothing is prepared for a launch that cannot start"
+    one = _train(["backend=slime", "backend.dry_run=true", f"run_dir={run}", "+policies.solver={}"], tmp_path)
+    assert one.returncode == 0, one.stderr[-2000:]  # one policy is today's run

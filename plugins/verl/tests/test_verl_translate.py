@@ -203,3 +203,22 @@ def test_dry_run_prints_the_exact_command_and_writes_its_inputs(tmp_path: Path) 
         "tracerl_verl.agent_loop.TracerlAgentLoop"
         in (run_dir / "verl" / "agent_loops.yaml").read_text()
     )
+
+
+def test_two_policies_are_refused_at_start_up_naming_why(tmp_path: Path) -> None:
+    """verl trains one model per run: ``policies`` with two entries stops ``python -m core.train``
+    before the launch is prepared (docs/multi_agent.md)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "core.train", "backend=verl", "backend.dry_run=true", f"run_dir={run_dir}",
+            "+policies.planner={}", "+policies.coder={}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    assert "policies configures 2 policies ['planner', 'coder'], but backend 'verl' trains one policy per run" in proc.stderr
+    assert not (run_dir / "verl").exists(), "nothing is prepared for a launch that cannot start"
