@@ -243,7 +243,11 @@ class PromptBuilder:
                 if reasoning and not req.units[gen].canon()[-1].get("reasoning_content"):
                     raise TailUnsupported("the client did not send the turn's reasoning back")
                 calls = tuple(c["function"]["name"] for c in path[gen].canon[-1].get("tool_calls") or ())
-                served = ServedTurn(parent.emitted_closer, reasoning=reasoning, calls=calls, system=system)
+                # An empty think block leaves no reasoning, but a template that drops past
+                # reasoning would not write it back: read the turn's own tokens.
+                thought = "</think>" in renderer.decode(parent.buf[parent.prompt_len : parent.end])
+                served = ServedTurn(parent.emitted_closer, reasoning=reasoning, calls=calls, system=system,
+                                    thought=thought)
                 delta = await self.render(
                     s, req.units, req.tools, size, renderer.render_continuation, tail, req.tools, served,
                     limit=None if limit is None else limit - parent.end, already=parent.end,

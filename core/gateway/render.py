@@ -24,7 +24,10 @@ assistant content. This works for every template whose rendering of a message
 depends only on its neighbours (ChatML/Qwen, Llama 3, Hermes); a template that
 fails the self-check (the anchor render is not a prefix: it rewrites what came
 before, e.g. Mistral v3 moves the system prompt to the last user message) makes
-the turn fall back to a full render and counts it.
+the turn fall back to a full render and counts it, unless the template writes
+the anchor's assistant content right after the generation prompt once more
+messages follow and the turn neither reasoned nor wrote a think block (Qwen3
+writes an empty think block into the last assistant message only).
 
 Tool calls: after a turn that called tools, the tail is rendered incrementally only
 when the template writes the calls in history (DeepSeek R1's drops them: the served
@@ -156,6 +159,9 @@ class ServedTurn:
     """Names of the turn's tool calls. When the plain anchor fails, an anchor that makes these
     calls is tried (gpt-oss renders a tool-call turn unlike a plain answer, and names the call
     in the tool results)."""
+    thought: bool = False
+    """The model wrote a think block, even an empty one: a template that renders the anchor
+    differently once more messages follow is then not trusted to write the turn as served."""
     system: str | None = None
     """The conversation's system prompt (the content of its first message when that is a
     system message), or None. The anchor conversation starts with it, so a template that
@@ -468,6 +474,21 @@ class ChatRenderer:
                 self._remember(key, ((tools, system), text, closer))
         return text, closer
 
+    def _generation_prompt(self, tools: list[dict[str, Any]] | None, served: ServedTurn) -> str:
+        """The anchor conversation up to its assistant turn, rendered with the generation prompt:
+        what the model was served before it wrote that turn (cached with the anchors)."""
+        key = ("\0generation", *(self._key(tools, system=served.system is not None) or ()))
+        with self._anchor_lock:
+            for entry in self._anchor_cache.get(key, ()):
+                if same_json(entry[0], (tools, served.system)):
+                    self._anchor_cache.move_to_end(key)
+                    return entry[1]
+        text = self.render_text(_anchor_messages(False, (), served.system)[:-1], tools, add_generation_prompt=True)
+        if len(text) <= ANCHOR_CACHE_CHARS // 4:
+            with self._anchor_lock:
+                self._remember(key, ((tools, served.system), text, ""))
+        return text
+
     @staticmethod
     def _key(
         tools: list[dict[str, Any]] | None, reasoning: bool = False, call: tuple[str, ...] = (), *, system: bool = False
@@ -565,7 +586,14 @@ class ChatRenderer:
         keep: bool,
         calls: tuple[str, ...] = (),
     ) -> str:
-        """``render_continuation``'s text, after a plain anchor or one that makes ``calls``."""
+        """``render_continuation``'s text, after a plain anchor or one that makes ``calls``.
+
+        A template may render the anchor's assistant message differently when it is the
+        last message: Qwen3's writes an empty think block into it, and only there. The tail
+        is then still exact when, with more messages after it, the template writes the
+        assistant content right after the generation prompt, where the model wrote it
+        (``_generation_prompt``), and the turn neither reasoned nor wrote a think block.
+        """
         emitted_closer, reasoning = served.closer, served.reasoning
         anchor = _anchor_messages(reasoning, calls, served.system)
         try:
@@ -582,10 +610,15 @@ class ChatRenderer:
             raise TailUnsupported(f"the template refuses the anchor conversation: {exc}") from exc
         if not full.startswith(anchor_text):
             at = full.find(_ANCHOR_ASSISTANT)
-            if not keep or at < 0:
+            in_place = not (reasoning or served.thought or calls) and full[:at] == self._generation_prompt(tools, served)
+            if at < 0 or not (keep or in_place):
                 raise TailUnsupported("the template renders the anchor differently when followed by more messages")
             # What the template writes after the assistant content: its closer, then the tail.
             closer = full[at + len(_ANCHOR_ASSISTANT) :]
+            if emitted_closer and not closer.startswith(emitted_closer) and not keep:
+                raise TailUnsupported(
+                    f"the turn ended with {emitted_closer!r}, which the template does not write after it"
+                )
             text = closer[len(emitted_closer) :] if emitted_closer and closer.startswith(emitted_closer) else closer
         else:
             if reasoning and _ANCHOR_REASONING not in anchor_text:

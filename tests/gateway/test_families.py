@@ -186,6 +186,55 @@ def test_qwen3_thinking_tool_loop_then_new_question_forks(family: tuple[Harness,
 
 
 @pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
+def test_qwen3_turns_without_a_think_block_extend_the_served_tokens(family: tuple[Harness, Any]) -> None:
+    """Qwen3's template writes an empty think block into the *last* assistant message only, so
+    its anchor render is no prefix of the render with more messages; a turn that wrote no
+    think block is still written in history exactly where the model wrote it, so a tool loop
+    and a new question stay one row equal to the template's rendering (no full render per turn)."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end)
+    agent.turn(hermes("12*7"))
+    agent.tool("84")
+    agent.turn("The answer is 89.")
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+    ]
+    assert row.token_ids == rendered(tok, reference, generation=True) + [*ids(tok, "4."), end]
+    assert len(row.turns) == 3 and row.metadata["tail_fallbacks"] == 0
+    assert trained(tok, row) == [hermes("12*7") + "<|im_end|>", "The answer is 89.<|im_end|>", "4.<|im_end|>"]
+
+
+@pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
+def test_qwen3_an_empty_think_block_still_forks_at_a_new_question(family: tuple[Harness, Any]) -> None:
+    """A turn that wrote an empty think block has no reasoning to send back, but the template
+    drops the block from history: the next question is the template's rendering, a new row."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    agent = Agent(h, tok, end)
+    agent.turn(_think("", "The answer is 89."))
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    first_row, second_row = agent.rows()
+    reference = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+    ]
+    assert second_row.token_ids[: second_row.prompt_length] == rendered(tok, reference, generation=True)
+    assert second_row.metadata["tail_fallbacks"] == 1
+
+
+@pytest.mark.parametrize("family", [("qwen3", {})], indirect=True)
 def test_qwen3_client_that_drops_reasoning_gets_the_templates_rendering(family: tuple[Harness, Any]) -> None:
     """A client that does not send reasoning back: its history, as the template renders it,
     lacks the reasoning the model was served, so the next turn starts a new row."""
