@@ -336,8 +336,9 @@ def build_app(gateway: Gateway) -> HotRoutes:
         return _json({"input_tokens": n})
 
     async def models(request: Request) -> Response:
+        names = gateway.policies.model_names(gateway.model_id)
         return _json(
-            {"object": "list", "data": [{"id": gateway.model_id, "object": "model", "created": 0, "owned_by": "tracerl"}]}
+            {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "tracerl"} for n in names]}
         )
 
     async def health(request: Request) -> Response:

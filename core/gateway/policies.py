@@ -51,6 +51,14 @@ class PolicyRoutes:
             raise ConfigError(f"unknown policy {policy!r}; this gateway serves {list(self.names)}")
         return policy
 
+    def model_names(self, served_as: str) -> list[str]:
+        """Every model name a request may send: ``served_as`` (the session's policy), then, with
+        several policies, each policy's name and the model names routed to it."""
+        if len(self.names) == 1:
+            return [served_as]
+        names = [served_as, *self.names, *self.models]
+        return list(dict.fromkeys(names))
+
     def route(self, model: Any, session_policy: str, served_as: str) -> str:
         """The policy of a turn whose request sent ``model``.
 

@@ -121,8 +121,8 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
     ``root`` is ``Session.root`` (nodes with ``canon``, ``turn`` and ``children``),
     ``turns`` is ``Session.turns``; a node's ``turn`` is the index of its generated
     turn there (with that turn's ``weight_version``, ``finish_reason`` and, when a
-    weight update interrupted it, ``weight_versions``: each segment's, in order), or None
-    for messages the agent sent. Read before the session is
+    weight update interrupted it, ``weight_versions``: each segment's, in order; ``policy``
+    when not ``DEFAULT_POLICY``), or None for messages the agent sent. Read before the session is
     dropped; the message dicts are shared, not copied (the session is gone after).
     """
     index = {id(t): i for i, t in enumerate(turns)}
@@ -141,6 +141,8 @@ def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
             entry["parse"] = str(node.turn.parse)
             if node.turn.parse_detail:
                 entry["parse_detail"] = node.turn.parse_detail
+            if node.turn.policy != DEFAULT_POLICY:
+                entry["policy"] = node.turn.policy
         out.append(entry)
         stack.extend((child, me) for child in reversed(node.children))
     return out

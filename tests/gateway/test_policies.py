@@ -21,6 +21,7 @@ from core.gateway.policies import PolicyRoutes
 from core.rollout import RolloutOutcome
 from core.rundir.traces import (
     TraceWriter,
+    conversation_tree,
     decode_turn,
     encode_turn,
     read_traces,
@@ -118,6 +119,14 @@ def test_turns_route_by_model_name_or_the_sessions_policy(make_routed: Callable[
     assert _policies(_finish(h, other)) == [["coder"]]
 
 
+def test_models_lists_every_name_a_request_may_send(make_routed: Callable[..., Harness], harness: Harness) -> None:
+    h = make_routed()
+    sid = h.session()
+    listed = [m.id for m in h.openai(sid).models.list()]
+    assert listed == ["tiny", "planner", "coder", "gpt-planner", "claude-coder"]
+    assert [m.id for m in harness.openai(harness.session()).models.list()] == ["tiny"]  # one policy: as before
+
+
 def test_anthropic_requests_route_too(make_routed: Callable[..., Harness]) -> None:
     h = make_routed()
     h.push("c1")
@@ -200,18 +209,22 @@ def test_each_turns_policy_is_in_the_trace_jsonl(make_routed: Callable[..., Harn
     client = h.openai(sid)
     client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "a"}])
     client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "b"}])
+    conversation = h.call(lambda: conversation_tree(h.gw.session(sid).root, h.gw.session(sid).turns))
     rows = _finish(h, sid)
 
     request = RolloutRequest(
         rollout_id="r0", group_id="g0", payload={}, base_url=h.server.base_url, session_id=sid, model_id="tiny"
     )
-    outcome = RolloutOutcome(request, RolloutResult(rollout_id="r0", status=RolloutStatus.OK, reward=1.0), rows)
+    outcome = RolloutOutcome(
+        request, RolloutResult(rollout_id="r0", status=RolloutStatus.OK, reward=1.0), rows, conversation=conversation
+    )
     TraceWriter(tmp_path, 1, h.gw.renderer.decode).write_step(0, [outcome], {"r0": 0.0}, weight_version=0)
     path = trace_path(tmp_path, "train", 0)
     lines = [json.loads(line) for line in gzip.decompress(path.read_bytes()).splitlines()]
     stored = [turn for line in lines[1:] for row in line["rows"] for turn in row["turns"]]
     assert [turn[-1].get("policy") for turn in stored] == ["planner", "coder"]
     (back,) = read_traces(path).rollouts
+    assert [node.get("policy") for node in back["conversation"] if node["turn"] is not None] == ["planner", "coder"]
     assert [[t.policy for t in row.turns] for row in rows_of(back)] == [["planner"], ["coder"]]
 
 
