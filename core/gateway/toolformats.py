@@ -32,10 +32,9 @@ def _ill(text: str, why: str, *, bad_json: bool = False) -> ParsedOutput:
     return ParsedOutput(content=text, ill_formed=True, error=why, bad_json=bad_json)
 
 
-def parse_deepseek_v31(text: str) -> ParsedOutput:
-    """Parse DeepSeek V3.1 / V3.2 tool calls (arguments one JSON object per call, written
-    right after ``<｜tool▁sep｜>``; calls chained without separators); text before the block
-    is content."""
+def deepseek_calls_block(text: str) -> tuple[int, str] | ParsedOutput:
+    """Where DeepSeek's ``<｜tool▁calls▁begin｜>`` block starts and what it holds (V3, R1 and
+    V3.1 share it), or the answer when there is none (plain content) or it is ill-formed."""
     start = text.find(DS_CALLS_BEGIN)
     if start < 0:
         if DS_CALL_BEGIN in text:
@@ -47,9 +46,19 @@ def parse_deepseek_v31(text: str) -> ParsedOutput:
         return _ill(text, f"unterminated '{DS_CALLS_BEGIN}' (no '{DS_CALLS_END}')")
     if body[end + len(DS_CALLS_END) :].strip():
         return _ill(text, "text after the tool calls")
+    return start, body[:end]
+
+
+def parse_deepseek_v31(text: str) -> ParsedOutput:
+    """Parse DeepSeek V3.1 / V3.2 tool calls (arguments one JSON object per call, written
+    right after ``<｜tool▁sep｜>``; calls chained without separators); text before the block
+    is content."""
+    found = deepseek_calls_block(text)
+    if isinstance(found, ParsedOutput):
+        return found
+    start, block = found
     calls: list[tuple[str, Any]] = []
     pos = 0
-    block = body[:end]
     for m in _DS31_CALL.finditer(block):
         if block[pos : m.start()].strip():
             return _ill(text, "text between tool calls")

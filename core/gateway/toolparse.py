@@ -35,7 +35,13 @@ from typing import Any
 from core.gateway import safejson
 from core.gateway.harmony import parse_harmony
 from core.gateway.parsed_output import ParsedOutput, ToolParser
-from core.gateway.toolformats import MINIMAX_BEGIN, parse_deepseek_v31, parse_minimax_m2
+from core.gateway.toolformats import (
+    DS_CALLS_BEGIN,
+    MINIMAX_BEGIN,
+    deepseek_calls_block,
+    parse_deepseek_v31,
+    parse_minimax_m2,
+)
 
 __all__ = [
     "CALL_MARKERS",
@@ -171,8 +177,6 @@ def parse_llama3_json(text: str) -> ParsedOutput:
     return ParsedOutput(content="", tool_calls=calls)
 
 
-DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
-DS_CALLS_END = "<｜tool▁calls▁end｜>"
 _DS_CALL = re.compile(
     r"<｜tool▁call▁begin｜>(\w+)<｜tool▁sep｜>([^\n]+)\n```(?:json)?\n(.*?)\n```<｜tool▁call▁end｜>", re.DOTALL
 )
@@ -182,20 +186,12 @@ def parse_deepseek_v3(text: str) -> ParsedOutput:
     """Parse DeepSeek V3/R1 tool calls: ``<｜tool▁calls▁begin｜>``, then per call
     ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>``
     (joined by newlines), then ``<｜tool▁calls▁end｜>``; text before the block is content."""
-    start = text.find(DS_CALLS_BEGIN)
-    if start < 0:
-        if "<｜tool▁call▁begin｜>" in text:
-            return _ill(text, f"'<｜tool▁call▁begin｜>' outside a '{DS_CALLS_BEGIN}' block")
-        return ParsedOutput(content=text)
-    body = text[start + len(DS_CALLS_BEGIN) :]
-    end = body.find(DS_CALLS_END)
-    if end < 0:
-        return _ill(text, f"unterminated '{DS_CALLS_BEGIN}' (no '{DS_CALLS_END}')")
-    if body[end + len(DS_CALLS_END) :].strip():
-        return _ill(text, "text after the tool calls")
+    found = deepseek_calls_block(text)
+    if isinstance(found, ParsedOutput):
+        return found
+    start, block = found
     calls: list[tuple[str, Any]] = []
     pos = 0
-    block = body[:end]
     for m in _DS_CALL.finditer(block):
         if block[pos : m.start()].strip():
             return _ill(text, "text between tool calls")
