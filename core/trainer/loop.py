@@ -33,6 +33,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -408,8 +409,12 @@ class Trainer:
         statuses = self._check_failures(outcomes + untrained)
         # A turn an agent sampled at its own temperature/top-p/top-k (sampling overrides)
         # is context, never trained as if drawn from the distribution the loss scores.
+        # Compared with what the loop's sessions sample at (algorithm.temperature), not a
+        # loss_config.temperature set apart from it: that is the run's own setting, seen in
+        # lp-gap, and masking every turn for it would silently train nothing.
+        session = replace(self.loss_sampling, temperature=float(self.algo.temperature))
         trainable, flow["turns/masked_overrides"], flow["tokens/masked_overrides"] = mask_override_turns(
-            outcomes, self.loss_sampling
+            outcomes, session
         )
         if self.t.mode == "async" and self.t.max_staleness_per_token >= 0:
             trainable, flow["async/masked_stale_tokens"] = mask_stale_turns(

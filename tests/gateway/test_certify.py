@@ -177,7 +177,10 @@ def test_every_fixture_family_certifies_as_documented(name: str) -> None:
             assert case.problems
 
 
-def test_certificates_are_cached_by_what_they_certify(tmp_path: Path) -> None:
+def test_certificates_are_cached_by_what_they_certify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import core.gateway.certify.cache as cache
+
+    monkeypatch.setattr(cache, "_MEMORY", {})  # earlier tests in this process certified the tiny template
     tok = tiny()
     first, cached = asyncio.run(cached_certificate(tok, end_of_turn_ids=(2,), directory=tmp_path))
     assert not cached
