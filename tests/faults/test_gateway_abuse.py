@@ -23,6 +23,17 @@ from tests.gateway.test_admin_and_bad_input import _admin
 from tests.gateway.test_hostile import _chat, _post, gateway_log
 
 
+def _half_sent(h: Harness, n: int) -> list[socket.socket]:
+    """``n`` connections to the gateway, each stopped halfway through its request headers."""
+    half = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", h.server.port), timeout=10)
+        sock.sendall(half)
+        socks.append(sock)
+    return socks
+
+
 def test_half_sent_headers_on_hundreds_of_connections_do_not_turn_agents_away(make_harness: Any) -> None:
     """#29: half-sent headers on 2,100 connections, with no credentials, turned every agent
     request into a 503 (they filled ``max_connections``). Connections still sending headers
@@ -33,14 +44,10 @@ def test_half_sent_headers_on_hundreds_of_connections_do_not_turn_agents_away(ma
                       header_read_timeout_s=30)
     )
     sid = h.session()
-    half = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     slow: list[socket.socket] = []
     try:
         with gateway_log() as log:
-            for _ in range(300):
-                sock = socket.create_connection(("127.0.0.1", h.server.port), timeout=10)
-                sock.sendall(half)
-                slow.append(sock)
+            slow += _half_sent(h, 300)
             time.sleep(1.5)  # older than the grace a burst of agent connections gets
             h.push("ok")
             t0 = time.perf_counter()
@@ -64,18 +71,12 @@ def test_connections_younger_than_the_grace_are_never_closed_for_the_per_client_
     burst of their headers seconds late: within ``pending_headers_grace_s`` (10 s by default)
     none is closed, however many (a loaded CI run lost an agent's request to a 1 s grace)."""
     h = make_harness(GatewayConfig(max_pending_headers_per_client=4))
-    half = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     slow: list[socket.socket] = []
     try:
         with gateway_log() as log:
-            for _ in range(40):
-                sock = socket.create_connection(("127.0.0.1", h.server.port), timeout=10)
-                sock.sendall(half)
-                slow.append(sock)
+            slow += _half_sent(h, 40)
             time.sleep(1.5)
-            sock = socket.create_connection(("127.0.0.1", h.server.port), timeout=10)
-            sock.sendall(half)  # the 41st: over the cap, but every other one is young
-            slow.append(sock)
+            slow += _half_sent(h, 1)  # the 41st: over the cap, but every other one is young
             time.sleep(0.3)
             server = h.server._server
             assert server is not None
