@@ -1,4 +1,4 @@
-"""Admin routes: create, inspect, finish and drop sessions, post late rewards (token required).
+"""Admin routes: create, inspect, finish, harvest and drop sessions, post late rewards (token required).
 
 Defines ``admin_routes(gateway)`` and the pydantic ``CreateSessionBody``.
 The admin token travels as ``Authorization: Bearer <token>`` or ``X-Admin-Token``;
@@ -9,6 +9,7 @@ a missing token is 401, a wrong one 403. Bodies over ``gateway.max_admin_body_by
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -26,6 +27,7 @@ from core.gateway.errors import (
     unauthorized,
 )
 from core.gateway.fastpath import read_raw
+from core.gateway.harvest import harvest_session, harvest_to_json
 from core.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -93,7 +95,8 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         async def endpoint(request: Request) -> Response:
             try:
                 _check_admin(gateway, request)
-                return JSONResponse(await fn(request))
+                out = await fn(request)
+                return out if isinstance(out, Response) else JSONResponse(out)
             except GatewayError as err:
                 # 408: the rest of a stalled body must not be read as a new request
                 headers = {"connection": "close"} if err.status == 408 else None
@@ -163,6 +166,16 @@ def admin_routes(gateway: Gateway) -> list[Route]:
     async def finish(request: Request) -> Any:
         return {"rows": _rows_json(gateway.finish_session(request.path_params["sid"]))}
 
+    async def harvest(request: Request) -> Response:
+        # What the trainer takes from a shard (core.gateway.harvest): finish, read, drop, in
+        # one call. Written with json.dumps, whose -Infinity a logprob may need (starlette's
+        # JSONResponse refuses non-finite floats) and Python's json reads back exactly.
+        found = harvest_session(gateway, request.path_params["sid"])
+        if found is None:
+            gateway.session(request.path_params["sid"])  # the 401 naming the unknown id
+        assert found is not None
+        return Response(json.dumps(harvest_to_json(found)), media_type="application/json")
+
     async def post_reward(request: Request) -> Any:
         from core.errors import ConfigError
 
@@ -187,5 +200,6 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         Route("/admin/sessions/{sid}", wrap(drop), methods=["DELETE"]),
         Route("/admin/sessions/{sid}/trace", wrap(trace), methods=["GET"]),
         Route("/admin/sessions/{sid}/finish", wrap(finish), methods=["POST"]),
+        Route("/admin/sessions/{sid}/harvest", wrap(harvest), methods=["POST"]),
         Route("/admin/rollouts/{rid}/reward", wrap(post_reward), methods=["POST"]),
     ]

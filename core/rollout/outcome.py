@@ -159,3 +159,12 @@ def lost(result: RolloutResult) -> RolloutResult:
     if result.status is not RolloutStatus.OK:
         return replace(result, error=f"{result.error or result.status.value}; {note}")
     return _failed(result, RolloutStatus.CRASHED, note)
+
+
+def shard_lost(result: RolloutResult, why: str) -> RolloutResult:
+    """``result`` of a rollout whose gateway shard died (``why`` names it): the trace is
+    lost, so even an ``ok`` rollout becomes ``crashed``; a failed one keeps its status."""
+    note = f"its gateway shard is gone ({why}), so its trace is lost and nothing of it can be trained"
+    if result.status is not RolloutStatus.OK:
+        return replace(result, error=f"{result.error or result.status.value}; {note}")
+    return _failed(result, RolloutStatus.CRASHED, note)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from core.errors import ConfigError
+from core.gateway.harvest import Harvest
 from core.rollout.outcome import (
     DEFAULT_EXCLUDE_ON,
     DEFAULT_MAX_ABS_REWARD,
@@ -26,9 +27,10 @@ from core.rollout.outcome import (
     check_exclude_on,
     classify,
     lost,
+    shard_lost,
 )
-from core.rundir.traces import conversation_tree
-from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams, TraceRecord
+from core.rollout.sessions import InProcessSessions, SessionHost, ShardLost
+from core.types import RolloutRequest, RolloutResult, RolloutStatus, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,20 @@ class RolloutRunner:
     ``limits.max_concurrency`` at once."""
 
     def __init__(
-        self, *, gateway: Any, base_url: str, runtime: Any, model_id: str, limits: RolloutLimits
+        self,
+        *,
+        gateway: Any,
+        base_url: str,
+        runtime: Any,
+        model_id: str,
+        limits: RolloutLimits,
+        sessions: SessionHost | None = None,
     ) -> None:
+        """``sessions``: where rollouts' sessions live; None: ``gateway`` in this process,
+        which agents reach at ``base_url`` (``gateway.shards`` > 1 passes its shards)."""
         self.gateway = gateway
         self.base_url = base_url
+        self.sessions: SessionHost = sessions or InProcessSessions(gateway, base_url)
         self.runtime = runtime
         self.model_id = model_id
         self.limits = limits
@@ -88,20 +100,23 @@ class RolloutRunner:
         """
         rollout_id = uuid.uuid4().hex
         async with self._sem:
-            sid = self.gateway.create_session(
-                sampling=sampling, metadata={"rollout_id": rollout_id, "group_id": group_id}
-            )
+            try:
+                sid, base_url = await self.sessions.open(
+                    sampling, {"rollout_id": rollout_id, "group_id": group_id}
+                )
+            except ShardLost as exc:
+                return self._unhosted(payload, rollout_id, group_id, str(exc))
             request = RolloutRequest(
                 rollout_id=rollout_id,
                 group_id=group_id,
                 payload=payload,
-                base_url=self.base_url,
+                base_url=base_url,
                 session_id=sid,
                 model_id=self.model_id,
                 timeout_s=self.timeout_s,
             )
             self._active[rollout_id] = group_id
-            late = getattr(self.gateway, "late_rewards", None)
+            late = self.sessions.late_rewards
             if late is not None:
                 late.expect(rollout_id)
             try:
@@ -114,12 +129,14 @@ class RolloutRunner:
                 raise
             finally:
                 self._active.pop(rollout_id, None)
-                rows, faults, conversation = self._close_session(sid)
+                found, faults, shard_error = await self._close_session(sid)
         if result.status is RolloutStatus.REWARD_PENDING and late is not None:
             result = await self._await_reward(late, result)
         elif late is not None:
             late.forget(rollout_id)
-        if faults.get("session_lost"):
+        if shard_error:
+            result = shard_lost(result, shard_error)
+        elif faults.get("session_lost"):
             result = lost(result)
         else:
             result = classify(
@@ -128,10 +145,10 @@ class RolloutRunner:
         reward = result.reward if result.status is RolloutStatus.OK else None
         rows = [
             replace(r, rollout_id=rollout_id, group_id=group_id, reward=reward, status=result.status)
-            for r in rows
+            for r in found.rows
         ]
         return RolloutOutcome(
-            request=request, result=result, rows=rows, faults=faults, conversation=conversation
+            request=request, result=result, rows=rows, faults=faults, conversation=found.conversation
         )
 
     async def _await_reward(self, late: Any, result: RolloutResult) -> RolloutResult:
@@ -158,34 +175,37 @@ class RolloutRunner:
             if group_id in wanted:
                 await self.runtime.cancel(rollout_id)
 
-    def _close_session(
-        self, sid: str
-    ) -> tuple[list[TraceRecord], dict[str, int], list[dict[str, Any]]]:
-        """Finish and drop ``sid``; its rows, fault counters and conversation tree.
+    async def _close_session(self, sid: str) -> tuple[Harvest, dict[str, int], str]:
+        """Finish and drop ``sid``; what it recorded, its fault counters, and why its
+        gateway shard is gone ('' while it answers).
 
-        Tolerates a session someone else already finished (its rows are still
-        there) or dropped (its trace is lost: ``session_lost``), so one odd
-        session never fails the step it belongs to.
+        Tolerates a session someone else already finished (its rows are still there) or
+        dropped (its trace is lost: ``session_lost``), so one odd session never fails the
+        step it belongs to.
         """
+        lost_faults = {"session_lost": 1, "model_turns": 0}
         try:
-            session = self.gateway.session(sid)
-        except Exception:  # dropped (admin DELETE): nothing left to read
-            return [], {"session_lost": 1, "model_turns": 0}, []
-        faults = {key: int(session.counters.get(key, 0)) for key in FAULT_KEYS if key != "in_flight_at_finish"}
-        faults["in_flight_at_finish"] = int(session.in_flight)
-        faults["model_turns"] = len(session.turns)
-        conversation = conversation_tree(session.root, session.turns)
-        try:
-            if session.closed:
-                faults["finished_early"] = 1
-                rows = self.gateway.peek_rows(sid)
-            else:
-                rows = self.gateway.finish_session(sid)
-        except Exception:  # the session went away between the two calls
-            rows, faults["session_lost"] = [], 1
-        finally:
-            self.gateway.drop_session(sid)
-        return rows, faults, conversation
+            found = await self.sessions.harvest(sid)
+        except ShardLost as exc:
+            return Harvest(rows=[]), lost_faults, str(exc)
+        if found is None:  # dropped (admin DELETE): nothing left to read
+            return Harvest(rows=[]), lost_faults, ""
+        faults = {key: int(found.counters.get(key, 0)) for key in FAULT_KEYS}
+        faults["model_turns"] = int(found.counters.get("model_turns", 0))
+        if found.finished_early:
+            faults["finished_early"] = 1
+        if found.lost:
+            faults["session_lost"] = 1
+        return found, faults, ""
+
+    def _unhosted(self, payload: dict[str, Any], rollout_id: str, group_id: str, why: str) -> RolloutOutcome:
+        """The outcome of a rollout no gateway could open a session for: it never ran."""
+        request = RolloutRequest(
+            rollout_id=rollout_id, group_id=group_id, payload=payload, base_url="", session_id="",
+            model_id=self.model_id, timeout_s=self.timeout_s,
+        )
+        result = RolloutResult(rollout_id, RolloutStatus.CRASHED, error=f"no gateway session: {why}")
+        return RolloutOutcome(request=request, result=result, rows=[], faults={"session_lost": 1, "model_turns": 0})
 
     async def run_groups(
         self,

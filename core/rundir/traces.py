@@ -61,6 +61,9 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
+from core.gateway.harvest import (
+    conversation_tree as conversation_tree,  # readers of traces import it here
+)
 from core.types import (
     DEFAULT_POLICY,
     FinishReason,
@@ -110,42 +113,6 @@ def list_traces(run_dir: Path) -> dict[str, list[int]]:
             if m:
                 found[m.group(1)].append(int(m.group(2)))
     return {k: sorted(v) for k, v in found.items()}
-
-
-# -- conversation tree -------------------------------------------------------
-
-
-def conversation_tree(root: Any, turns: Sequence[Any]) -> list[dict[str, Any]]:
-    """A gateway session's message tree as a flat preorder list.
-
-    ``root`` is ``Session.root`` (nodes with ``canon``, ``turn`` and ``children``),
-    ``turns`` is ``Session.turns``; a node's ``turn`` is the index of its generated
-    turn there (with that turn's ``weight_version``, ``finish_reason`` and, when a
-    weight update interrupted it, ``weight_versions``: each segment's, in order; ``policy``
-    when not ``DEFAULT_POLICY``), or None for messages the agent sent. Read before the session is
-    dropped; the message dicts are shared, not copied (the session is gone after).
-    """
-    index = {id(t): i for i, t in enumerate(turns)}
-    out: list[dict[str, Any]] = []
-    stack: list[tuple[Any, int]] = [(child, -1) for child in reversed(root.children)]
-    while stack:
-        node, parent = stack.pop()
-        me = len(out)
-        entry: dict[str, Any] = {"parent": parent, "messages": node.canon, "turn": None}
-        if node.turn is not None:
-            entry["turn"] = index.get(id(node.turn))
-            entry["weight_version"] = node.turn.weight_version
-            entry["finish_reason"] = str(node.turn.finish_reason)
-            if node.turn.segments:
-                entry["weight_versions"] = [g.weight_version for g in node.turn.segments]
-            entry["parse"] = str(node.turn.parse)
-            if node.turn.parse_detail:
-                entry["parse_detail"] = node.turn.parse_detail
-            if node.turn.policy != DEFAULT_POLICY:
-                entry["policy"] = node.turn.policy
-        out.append(entry)
-        stack.extend((child, me) for child in reversed(node.children))
-    return out
 
 
 # -- encoding ------------------------------------------------------------------
