@@ -28,12 +28,19 @@ Rules the base enforces:
   of rotation until the current weights are pushed to it, and the request is
   sent again on another server (the discarded answer was never recorded).
 - **A generation the server aborted mid-way goes on** (``continue_aborted``,
-  partial rollouts): an answer with finish reason ``abort`` and tokens (SGLang
-  aborting its running requests at a weight push, ``abort_on_push``) is sent
-  again with those tokens appended to the prompt and ``max_tokens`` reduced,
-  at most ``MAX_CONTINUATIONS`` times; the result joins the parts, with one
-  ``Segment`` per weight version and each token's logprob from the weights
-  that sampled it.
+  partial rollouts): an answer with finish reason ``abort`` (the engine aborting
+  its running requests at a weight push, ``abort_on_push``: SGLang's
+  ``abort_all_requests``, vLLM's ``POST /pause?mode=abort``) is sent again with
+  its tokens appended to the prompt and ``max_tokens`` reduced, at most
+  ``MAX_CONTINUATIONS`` times; the result joins the parts, with one ``Segment``
+  per weight version and each token's logprob from the weights that sampled
+  it. An abort with no tokens is sent again only when the weights changed since
+  it was sent (a push aborted it before its first token); otherwise it stays
+  aborted.
+- **Nothing is sent while a push that aborts is under way** (``hold``/``release``,
+  called by the ``WeightPusher``): a continuation or a new request waits for the
+  push to end, so it carries the new version (and vLLM's cache salt) and is
+  labelled with the weights that will sample it.
 """
 
 from __future__ import annotations
@@ -123,8 +130,9 @@ class HttpSamplerConfig:
     ``abort_on_push``) is sent again with those tokens appended, so the turn goes on under
     the new weights, one segment per version (a partial rollout); false: it stays aborted."""
     abort_on_push: bool = False
-    """SGLang: a weight push aborts the requests running (``abort_all_requests``) instead of
-    letting them finish on the old weights; with ``continue_aborted`` they go on under the
+    """A weight push aborts the requests running instead of letting them finish on the old
+    weights (SGLang: ``abort_all_requests``; vLLM: ``POST /pause?mode=abort`` before the
+    reload and ``POST /resume`` after it); with ``continue_aborted`` they go on under the
     new ones keeping their tokens."""
     weight_version: int = 0
     """Weight version reported when the server does not say (vLLM never does);
@@ -244,6 +252,8 @@ class HttpSampler:
         self.pushed = False
         """True once a ``WeightPusher`` loaded weights into the servers: from then on an
         answer from launch weights is a mismatch, not the current version."""
+        self._held: asyncio.Future[None] | None = None
+        """Set while a push that aborts running requests is under way (``hold``)."""
         self._client: ShardedClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -311,6 +321,18 @@ class HttpSampler:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def hold(self) -> None:
+        """Keep new requests (and continuations of aborted ones) from being sent until
+        ``release``: a push is about to abort the running ones."""
+        if self._held is None:
+            self._held = asyncio.get_running_loop().create_future()
+
+    def release(self) -> None:
+        """Let requests held by ``hold`` go (after ``weight_version`` moved, or the push failed)."""
+        held, self._held = self._held, None
+        if held is not None and not held.done():
+            held.set_result(None)
+
     def fail(self, server: ServerState | None, what: str, fix: str) -> SamplerError:
         """A ``SamplerError`` naming the engine, the server, what went wrong and the fix."""
         where = f" {server.url}" if server is not None else ""
@@ -355,7 +377,7 @@ class HttpSampler:
             self.config.continue_aborted
             and only is None
             and result.finish_reason is FinishReason.ABORT
-            and result.token_ids
+            and (result.token_ids or self._held is not None or self.weight_version != result.weight_version)
             and len(parts) < MAX_CONTINUATIONS
         ):
             # Aborted mid-way (a weight push): go on from what it generated, on the new weights.
@@ -372,6 +394,8 @@ class HttpSampler:
         ids: list[int] = []
         logprobs: list[float] = []
         segments: list[Segment] = []
+        if not any(part.token_ids for part in parts):
+            return parts[-1]
         for part in parts:
             if not part.token_ids:
                 continue
@@ -401,6 +425,8 @@ class HttpSampler:
     ) -> SampleResult:
         if self._closed:
             raise SamplerError(f"the {self.protocol} sampler is closed; build a new one")
+        while self._held is not None:  # a push is aborting the running requests: wait for it
+            await asyncio.shield(self._held)
         rid = "tracerl-" + secrets.token_hex(12)
         version = self.weight_version
         path, body = self._request(prompt, params, rid)

@@ -27,6 +27,16 @@ Face layout: ``config.json`` plus ``*.safetensors``) and calls
   reset that silently did nothing cannot hand KV of old weights to a turn
   labelled with the new version. vLLM reports no weight version, so the
   sampler's own ``weight_version`` is set once every server acknowledged.
+  With ``abort_on_push`` (partial rollouts) the update is framed by
+  ``POST /pause?mode=abort&clear_cache=true`` (running requests answer their
+  tokens so far with finish reason ``abort``; new ones wait unscheduled;
+  ``{"status": "paused"}``) and ``POST /resume`` (``{"status": "resumed"}``),
+  vLLM's RL pause API (dev mode), and the sampler sends the aborted ones again
+  once the push is over.
+
+While a push with ``abort_on_push`` runs, the sampler holds new requests and
+continuations (``HttpSampler.hold``) until the new version is set, so none is
+sent mid-push under the old version's label.
 
 A server that fails any of this (HTTP error, ``success: false``, a version
 other than the one pushed, a refused cache reset, not done within
@@ -46,6 +56,7 @@ reports the new version, so the caller rebinds the gateway only then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -65,6 +76,8 @@ SGLANG_UPDATE_PATH = "/update_weights_from_disk"
 SGLANG_VERSION_PATH = "/get_weight_version"
 VLLM_RPC_PATH = "/collective_rpc"
 VLLM_RESET_CACHE_PATH = "/reset_prefix_cache"
+VLLM_PAUSE_PATH = "/pause"
+VLLM_RESUME_PATH = "/resume"
 RESET_REFUSED = (409, 500, 503)
 """Answers with which vLLM refuses a prefix-cache reset (409 since it checks; 500 on some builds)."""
 
@@ -150,9 +163,24 @@ class WeightPusher:
             else:  # down: it gets these weights when it is back, before any traffic
                 pool.mark_needs_weights(server, f"down during the push of version {version}: {server.last_error}")
                 report.waiting.append(server.url)
-        results = await asyncio.gather(
-            *(self._push_one(s, path, version) for s in servers), return_exceptions=True
-        )
+        aborting = self.sampler.config.abort_on_push
+        if aborting:
+            self.sampler.hold()
+        try:
+            results = await asyncio.gather(
+                *(self._push_one(s, path, version, pause=aborting) for s in servers), return_exceptions=True
+            )
+            report.seconds = loop.time() - t0
+            return self._settle(report, servers, results, path)
+        finally:
+            self.sampler.release()
+
+    def _settle(
+        self, report: PushReport, servers: list[ServerState], results: list[Any], path: str
+    ) -> PushReport:
+        """Record each server's outcome; move the sampler to the version when any took it."""
+        pool = self.sampler.pool
+        version = report.version
         for server, result in zip(servers, results, strict=True):
             if result is None:
                 server.needs_weights = False
@@ -171,7 +199,6 @@ class WeightPusher:
                 reason = f"{type(result).__name__}: {reason}"
             self.retire(server, reason, version)
             report.retired[server.url] = reason
-        report.seconds = loop.time() - t0
         if not report.updated:
             waiting = "; ".join(f"{u}: down" for u in report.waiting)
             raise RunAborted(
@@ -225,14 +252,15 @@ class WeightPusher:
             file=sys.stderr,
         )
 
-    async def _push_one(self, server: ServerState, path: str, version: int) -> None:
+    async def _push_one(self, server: ServerState, path: str, version: int, *, pause: bool = False) -> None:
         """One server's whole update; ``update_timeout_s`` bounds all its calls together
-        (vLLM takes three), not each one."""
+        (vLLM takes three, five with ``pause``), not each one. ``pause``: vLLM aborts its
+        running requests first (``abort_on_push``; SGLang reads the flag in its update)."""
         client = self.sampler.client()
         steps = (
             self._sglang(client, server, path, version)
             if self.protocol == "sglang"
-            else self._vllm(client, server, path)
+            else self._vllm(client, server, path, pause=pause)
         )
         try:
             await asyncio.wait_for(steps, self.update_timeout_s)
@@ -289,15 +317,49 @@ class WeightPusher:
         info = self._answer(resp, "GET", SGLANG_VERSION_PATH)
         return str(info.get("weight_version") if isinstance(info, dict) else None)
 
-    async def _vllm(self, client: Any, server: ServerState, path: str) -> None:
-        await self._post(
-            client,
-            server,
-            VLLM_RPC_PATH,
-            {"method": "update_config", "args": [{"model_config": {"model": path}}]},
-        )
-        await self._post(client, server, VLLM_RPC_PATH, {"method": "reload_weights"})
-        await self._reset_prefix_cache(client, server)
+    async def _vllm(self, client: Any, server: ServerState, path: str, *, pause: bool = False) -> None:
+        resumed = False
+        try:
+            if pause:
+                await self._vllm_pause(client, server)
+            await self._post(
+                client,
+                server,
+                VLLM_RPC_PATH,
+                {"method": "update_config", "args": [{"model_config": {"model": path}}]},
+            )
+            await self._post(client, server, VLLM_RPC_PATH, {"method": "reload_weights"})
+            await self._reset_prefix_cache(client, server)
+            if pause:
+                resumed = True
+                data = self._answer(await self._control(client, server, VLLM_RESUME_PATH), "POST", VLLM_RESUME_PATH)
+                if not isinstance(data, dict) or data.get("status") != "resumed":
+                    raise _PushFailed(f"POST {VLLM_RESUME_PATH} answered {str(data)[:200]!r}, not status 'resumed'")
+        finally:
+            if pause and not resumed:
+                # The update failed (the server is retired): requests it queued while paused
+                # would otherwise hang until request_timeout_s.
+                with contextlib.suppress(httpx.HTTPError):
+                    await self._control(client, server, VLLM_RESUME_PATH)
+
+    async def _control(self, client: Any, server: ServerState, route: str) -> httpx.Response:
+        """POST one of vLLM's pause/resume routes (query parameters, no body)."""
+        return await client.post(server.url + route, headers=self.sampler.base_headers, timeout=self.update_timeout_s)  # type: ignore[no-any-return]
+
+    async def _vllm_pause(self, client: Any, server: ServerState) -> None:
+        """``POST /pause?mode=abort``: the running requests answer their tokens so far
+        (finish reason ``abort``), new ones wait; the KV and prefix caches are cleared."""
+        route = VLLM_PAUSE_PATH + "?mode=abort&clear_cache=true"
+        resp = await self._control(client, server, route)
+        if resp.status_code == 404:
+            raise _PushFailed(
+                f"POST {VLLM_PAUSE_PATH} answered 404: this vLLM has no pause API for sampler.abort_on_push "
+                "(it is served with VLLM_SERVER_DEV_MODE=1 on versions that have it); upgrade vLLM or set "
+                "sampler.abort_on_push=false"
+            )
+        data = self._answer(resp, "POST", VLLM_PAUSE_PATH)
+        if not isinstance(data, dict) or data.get("status") != "paused":
+            raise _PushFailed(f"POST {VLLM_PAUSE_PATH} answered {str(data)[:200]!r}, not status 'paused'")
 
     async def _reset_prefix_cache(self, client: Any, server: ServerState) -> None:
         """Drop the KV blocks computed with the old weights, or fail the server.

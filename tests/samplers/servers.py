@@ -20,6 +20,15 @@
   weights; and ``restart()``, after which it serves its launch weights again.
   Each generate request records the weights it was served with.
 
+  vLLM's RL pause API (dev mode, ``vllm/entrypoints/serve/dev/rlhf/api_router.py``
+  and docs/training/async_rl.md in vLLM): ``POST /pause?mode=abort|wait|keep&clear_cache=``
+  answers ``{"status": "paused"}`` once ``abort`` ended the running requests, which
+  answer their tokens so far with finish reason ``abort``; requests arriving while
+  paused are not scheduled until ``POST /resume`` (``{"status": "resumed"}``). Mode
+  ``decode`` generates like an engine for that: one token per ``tick_s``, each id and
+  logprob a function of the weights served and the token's position in the sequence,
+  so a generation continued after an abort shows which weights sampled each token.
+
   With ``upstream`` (a real local inference server) and ``raw_logprobs_from`` (the
   backend behind it) it stands in for vLLM in its default ``raw_logprobs`` mode:
   tokens sampled upstream at the requested settings, logprobs reported as the
@@ -133,8 +142,9 @@ class StandIn:
 
     name: str = "standin"
     mode: str = "ok"
-    """ok | http500 | malformed | no_logprobs | hang | hold | abort_finish. ``hold``: a
-    generate request runs (holding KV blocks) until ``release`` is set."""
+    """ok | http500 | malformed | no_logprobs | hang | hold | abort_finish | decode. ``hold``: a
+    generate request runs (holding KV blocks) until ``release`` is set; ``decode``: see
+    the module docstring."""
     health_status: int = 200
     tokens: list[int] = field(default_factory=lambda: [5, 6, 7])
     weight_version: Any = None
@@ -163,7 +173,23 @@ class StandIn:
     """Forward vLLM generate requests to this server (see the module docstring)."""
     raw_logprobs_from: Any = None
     """The backend that scores the upstream's tokens as the raw model (its ``forward``)."""
+    tick_s: float = 0.01
+    """``decode``: seconds per generated token."""
+    paused: bool = False
+    """Between ``POST /pause`` and ``POST /resume``: nothing new is scheduled."""
+    pause_api: bool = True
+    """False: a vLLM without the pause API (``/pause`` and ``/resume`` answer 404)."""
+    pauses: list[str] = field(default_factory=list)
+    """Query of each ``POST /pause``."""
+    _aborts: int = 0
+    """Bumped by ``/pause?mode=abort``: running ``decode`` requests end at their next token."""
     _reload_path: str = ""
+
+    @staticmethod
+    def decoded(weights: str, position: int) -> tuple[int, float]:
+        """The token and logprob ``decode`` samples at ``position`` under ``weights``."""
+        launch = weights == "launch"
+        return (100 if launch else 200) + position % 50, (-0.25 if launch else -0.75)
 
     def restart(self) -> None:
         """What a restarted engine does: its launch weights, and version ``"default"``."""
@@ -202,6 +228,8 @@ class StandIn:
             body = await request.json()
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
             self.started.set()
+            if self.mode == "decode":
+                return await decode(body)
             self.running += 1
             try:
                 if self.mode == "hang":
@@ -239,6 +267,48 @@ class StandIn:
             if self.routed_experts is not None:
                 choice["routed_experts"] = self.routed_experts
             return JSONResponse({"request_id": body.get("request_id"), "choices": [choice]})
+
+        async def decode(body: dict[str, Any]) -> Response:
+            while self.paused:  # not scheduled until /resume
+                await asyncio.sleep(0.002)
+            sampling = body.get("sampling_params") or body
+            prompt = body.get("token_ids") or body.get("prompt") or []
+            aborts, ids, lps, finish = self._aborts, [], [], "length"
+            self.running += 1
+            try:
+                while len(ids) < int(sampling["max_tokens"]):
+                    if self._aborts != aborts:
+                        finish = "abort"
+                        break
+                    token, logprob = self.decoded(self.weights, len(prompt) + len(ids))
+                    ids.append(token)
+                    lps.append(logprob)
+                    await asyncio.sleep(self.tick_s)
+            finally:
+                self.running -= 1
+            self.served_with.append(self.weights)
+            choice = {"index": 0, "token_ids": ids, "finish_reason": finish,
+                      "logprobs": {"content": [{"logprob": lp} for lp in lps]}}
+            return JSONResponse({"request_id": body.get("request_id"), "choices": [choice]})
+
+        async def pause(request: Request) -> Response:
+            self.hits.append(Hit(request.url.path, dict(request.headers), {"query": request.url.query}))
+            if not self.pause_api:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            self.pauses.append(request.url.query)
+            self.paused = True
+            if request.query_params.get("mode", "abort") == "abort":
+                self._aborts += 1
+                while self.running:  # vLLM answers once the aborted requests have ended
+                    await asyncio.sleep(0.002)
+            return JSONResponse({"status": "paused"})
+
+        async def resume(request: Request) -> Response:
+            self.hits.append(Hit(request.url.path, dict(request.headers), {}))
+            if not self.pause_api:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            self.paused = False
+            return JSONResponse({"status": "resumed"})
 
         async def abort(request: Request) -> Response:
             body = await request.json()
@@ -293,6 +363,8 @@ class StandIn:
                 Route("/health", health, methods=["GET"]),
                 Route("/collective_rpc", collective_rpc, methods=["POST"]),
                 Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+                Route("/pause", pause, methods=["POST"]),
+                Route("/resume", resume, methods=["POST"]),
                 Route("/update_weights_from_disk", update_weights_from_disk, methods=["POST"]),
                 Route("/get_weight_version", get_weight_version, methods=["GET"]),
             ]

@@ -1,0 +1,112 @@
+"""Partial rollouts over vLLM (#28): a weight push pauses the server with ``mode=abort``,
+the running generation answers its tokens so far, and the sampler continues it on the
+new weights, one segment per version.
+
+The server is a stand-in for vLLM's network edge (``tests/samplers/servers.py``; no
+vLLM in CI), modelled on vLLM's RL pause API as its source and docs/training/async_rl.md
+describe it: ``POST /pause?mode=abort`` ends the running requests with finish reason
+``abort`` and their partial output, requests arriving while paused wait, ``POST /resume``
+schedules them again. In its ``decode`` mode each token and logprob says which weights
+sampled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from core.errors import RunAborted
+from core.samplers.weights import WeightPusher
+from core.types import SamplingParams, Segment
+from tests.samplers.servers import StandIn
+from tests.samplers.test_fleet_weights import WEIGHTS, sampler_for, wait_for
+
+PROMPT = [1, 2, 3]
+LONG = SamplingParams(max_tokens=60)
+
+
+@pytest.mark.parametrize("continue_aborted", [True, False])
+def test_a_push_pauses_vllm_and_the_aborted_generation_goes_on_under_the_new_weights(
+    make_standin: Any, continue_aborted: bool
+) -> None:
+    standin, url = make_standin(mode="decode", tick_s=0.01)
+    sampler = sampler_for("vllm", [url], abort_on_push=True, continue_aborted=continue_aborted)
+
+    async def go() -> Any:
+        task = asyncio.create_task(sampler.sample(PROMPT, LONG, session_id="s"))
+        await wait_for(lambda: standin.running == 1, "a running generation")
+        await asyncio.sleep(0.1)  # some tokens under the launch weights
+        report = await WeightPusher(sampler).push(WEIGHTS, 7)
+        out = await task
+        await sampler.aclose()
+        return report, out
+
+    report, out = asyncio.run(go())
+    assert report.updated == [url] and sampler.weight_version == 7
+    calls = [h.path for h in standin.hits if h.path not in ("/inference/v1/generate", "/health")]
+    assert calls == ["/pause", "/collective_rpc", "/collective_rpc", "/reset_prefix_cache", "/resume"]
+    assert standin.pauses == ["mode=abort&clear_cache=true"]
+    first = standin.generate_hits()[0].body
+    assert first["cache_salt"] == "tracerl-v0"
+    if not continue_aborted:
+        k = len(out.token_ids)
+        assert out.finish_reason.value == "abort" and 0 < k < LONG.max_tokens and not out.segments
+        assert len(standin.generate_hits()) == 1
+        return
+    seg_old, seg_new = out.segments
+    k = seg_old.end
+    assert 0 < k < LONG.max_tokens
+    assert (seg_old, seg_new) == (Segment(0, k, 0), Segment(k, LONG.max_tokens, 7))
+    assert out.finish_reason.value == "length" and out.weight_version == 0
+    # Each token is what the weights of its segment sample at its position, with their logprob.
+    positions = range(len(PROMPT), len(PROMPT) + LONG.max_tokens)
+    expected = [StandIn.decoded("launch" if i < k else WEIGHTS, p) for i, p in enumerate(positions)]
+    assert out.token_ids == [t for t, _ in expected]
+    assert out.logprobs == [lp for _, lp in expected]
+    # The continuation: prompt + the tokens so far, the rest of max_tokens, sent after the
+    # push (the new version's salt), served by the new weights.
+    again = standin.generate_hits()[1].body
+    assert again["token_ids"] == [*PROMPT, *out.token_ids[:k]]
+    assert again["sampling_params"]["max_tokens"] == LONG.max_tokens - k
+    assert again["cache_salt"] == "tracerl-v7"
+    assert standin.served_with == ["launch", WEIGHTS]
+
+
+def test_a_request_sent_during_the_push_waits_for_the_new_weights(make_standin: Any) -> None:
+    """Not sent mid-push under the old label: it goes out after the push with the new version."""
+    standin, url = make_standin(mode="decode", tick_s=0.01)
+    sampler = sampler_for("vllm", [url], abort_on_push=True)
+
+    async def go() -> Any:
+        running = asyncio.create_task(sampler.sample(PROMPT, LONG, session_id="a"))
+        await wait_for(lambda: standin.running == 1, "a running generation")
+        push = asyncio.create_task(WeightPusher(sampler).push(WEIGHTS, 7))
+        await wait_for(lambda: standin.paused, "the pause")
+        late = await sampler.sample(PROMPT, SamplingParams(max_tokens=4), session_id="b")
+        await push
+        await running
+        await sampler.aclose()
+        return late
+
+    late = asyncio.run(go())
+    assert late.weight_version == 7 and not late.segments
+    assert late.token_ids == [StandIn.decoded(WEIGHTS, p)[0] for p in range(3, 7)]
+    salts = [h.body["cache_salt"] for h in standin.generate_hits()]
+    assert salts.count("tracerl-v7") == 2 and salts[0] == "tracerl-v0"
+
+
+def test_a_vllm_without_the_pause_api_is_refused_naming_the_setting(make_standin: Any) -> None:
+    standin, url = make_standin(mode="decode", pause_api=False)
+    sampler = sampler_for("vllm", [url], abort_on_push=True)
+
+    async def go() -> None:
+        try:
+            await WeightPusher(sampler).push(WEIGHTS, 7)
+        finally:
+            await sampler.aclose()
+
+    with pytest.raises(RunAborted, match=r"no pause API for sampler.abort_on_push.*abort_on_push=false"):
+        asyncio.run(go())
+    assert not [h for h in standin.hits if h.path == "/collective_rpc"]
