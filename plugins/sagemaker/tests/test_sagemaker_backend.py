@@ -18,7 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 from sagemaker_fakes import GROUP, FakeControlPlane
 from tracerl_sagemaker import backend as backend_mod
-from tracerl_sagemaker.backend import SageMakerBackend
+from tracerl_sagemaker.backend import SageMakerBackend, package_arn, saved_version
 from tracerl_sagemaker.config import SageMakerBackendConfig
 from tracerl_sagemaker.sampler import sagemaker_sampling_params
 
@@ -201,19 +201,49 @@ def test_checkpoint_resume_from_config(backend: SageMakerBackend, aws: FakeContr
         await backend.aclose()
         return arn
 
-    arn = asyncio.run(body())
-    assert ":model-package/tracerl-test/" in arn
+    checkpoint = asyncio.run(body())
+    # The optim_step is not served yet: these weights would be served as version 1.
+    assert ":model-package/tracerl-test/" in checkpoint and checkpoint.endswith("-v1")
+    arn = package_arn(checkpoint)
+    assert arn + "-v1" == checkpoint and saved_version(checkpoint) == 1
     save = [b for k, b, _ in aws.runtime.log.training if k == "saveState"][0]
     assert save == {"description": "tracerl checkpoint /runs/x/step_1"}
     aws.runtime.steps = 0  # a fresh session
-    resumed = SageMakerBackend.from_config(_cfg(resume_from=arn))
+    resumed = SageMakerBackend.from_config(_cfg(resume_from=checkpoint))
     assert aws.creates[-1]["kind"] == "from_state" and aws.creates[-1]["arn"] == arn
     assert aws.runtime.steps == 1
+    assert resumed.weight_version == 1  # the version it saved, not a restart at 0
     load = [b for k, b, _ in aws.runtime.log.training if k == "loadState"][-1]
     assert load == {"modelPackageArn": arn, "loadOptimizer": True}
     # the first sampler serves the restored weights, not the base model
     assert aws.runtime.log.sampling[-1] == ("loadWeightsForSampling", {"modelPackageArn": aws.runtime.sampling_package})
     asyncio.run(resumed.aclose())
+
+
+def test_load_state_serves_the_saved_version_and_a_bare_arn_the_next_one(
+    backend: SageMakerBackend, aws: FakeControlPlane
+) -> None:
+    """A resume must not label other weights with a version the run used before (#28)."""
+
+    async def body() -> tuple[str, int, int]:
+        for _ in range(3):
+            await backend.forward_backward([_datum()], "importance_sampling")
+            await backend.optim_step(AdamParams())
+            await backend.sync_sampler()
+        checkpoint = await backend.save_state("/runs/x/step_3")
+        fresh = SageMakerBackend.from_config(_cfg())
+        await fresh.load_state(checkpoint)  # what the loop's resume calls
+        restored = fresh.weight_version
+        await fresh.load_state(package_arn(checkpoint))  # saved by another tool: no version
+        bare = fresh.weight_version
+        await fresh.aclose()
+        await backend.aclose()
+        return checkpoint, restored, bare
+
+    checkpoint, restored, bare = asyncio.run(body())
+    assert checkpoint.endswith("-v3") and restored == 3 and bare == 4
+    loads = [b["modelPackageArn"] for k, b, _ in aws.runtime.log.training if k == "loadState"]
+    assert loads == [package_arn(checkpoint)] * 2  # AWS gets the ARN alone
 
 
 def test_operation_failure_is_training_error_and_session_still_stops(

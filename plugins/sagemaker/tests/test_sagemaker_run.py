@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sagemaker_fakes import GROUP, FakeControlPlane
 from tracerl_sagemaker import backend as backend_mod
+from tracerl_sagemaker.backend import package_arn
 
 from core.errors import TrainingError
 from core.plugins import load_plugins
@@ -90,8 +91,9 @@ def test_run_rebinds_checkpoints_resumes_and_stops(tmp_path: Path, aws: FakeCont
     assert len(loads) == 2
     assert {b["modelPackageArn"] for b in samples if "modelPackageArn" in b} <= set(loads)
     state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
-    arn = state["backend_path"]
-    assert ":model-package/tracerl-test/" in arn
+    checkpoint = state["backend_path"]
+    assert ":model-package/tracerl-test/" in checkpoint and checkpoint.endswith("-v2")
+    arn = package_arn(checkpoint)
     first_session = "tracerl-0001"
     assert aws.stops[0] == first_session  # stopped at the end of the run, not left billing
 
@@ -103,6 +105,9 @@ def test_run_rebinds_checkpoints_resumes_and_stops(tmp_path: Path, aws: FakeCont
     loads = [b for k, b, _ in log.training if k == "loadState"]
     assert loads == [{"modelPackageArn": arn, "loadOptimizer": True}]
     assert aws.runtime.steps == 3
+    # The resumed step serves version 3, not a second version 2 (#28).
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [(r["step"], r["weight_version"]) for r in records][-1] == (3, 3)
     assert "tracerl-0002" in aws.stops
 
 

@@ -15,7 +15,10 @@ Tinker's shape with its own pydantic types. Differences handled here:
 - ``AdamParams`` has different defaults (beta2 0.999, eps 1e-8, weight decay
   0.01, clipping off as ``None``): core's values are always sent; core's
   ``grad_clip_norm=0`` (off) becomes ``None``.
-- Checkpoints are model package ARNs, not paths; ``save_state`` returns one.
+- Checkpoints are model package ARNs, not paths; ``save_state`` returns one
+  with ``-v<weight version>`` appended (``saved_version`` reads it back, and it
+  is cut off before the ARN goes to AWS), so a resumed run serves the version
+  it saved instead of starting again at 1.
 - ``save_weights_and_get_sampling_client`` and session creation **block**:
   they run on a worker thread.
 - **A session bills until stopped**: ``aclose`` stops it, a failed start stops
@@ -29,6 +32,7 @@ import atexit
 import logging
 import math
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,7 +105,7 @@ def validate_config(node: Any) -> dict[str, Any]:
         raise ConfigError(
             f"backend.role_arn must be an IAM role ARN (arn:aws:iam::<account>:role/<name>), got {role_arn!r}"
         )
-    if resume_from and ":model-package/" not in resume_from:
+    if resume_from and ":model-package/" not in package_arn(resume_from):
         raise ConfigError(
             "backend.resume_from must be a model package ARN returned by save_state "
             f"(arn:aws:sagemaker:<region>:<account>:model-package/<group>/<version>), got {resume_from!r}"
@@ -124,6 +128,22 @@ def validate_config(node: Any) -> dict[str, Any]:
         "kms_key_arn": str(cfg_get(node, "kms_key_arn", "") or "") or None,
         "session_name_prefix": str(cfg_get(node, "session_name_prefix", "") or "") or None,
     }
+
+
+_VERSIONED = re.compile(r"(?P<arn>.*:model-package/.+/\d+)-v(?P<version>\d+)")
+
+
+def saved_version(checkpoint: str) -> int | None:
+    """The weight version a checkpoint ``save_state`` returned holds (its ``-v<N>``); None
+    for a bare model package ARN (saved by another tool)."""
+    found = _VERSIONED.fullmatch(checkpoint.strip())
+    return int(found.group("version")) if found else None
+
+
+def package_arn(checkpoint: str) -> str:
+    """The model package ARN of a checkpoint (``-v<N>`` cut off), as AWS takes it."""
+    found = _VERSIONED.fullmatch(checkpoint.strip())
+    return found.group("arn") if found else checkpoint.strip()
 
 
 def make_service_client(resolved: dict[str, Any]) -> Any:
@@ -209,9 +229,12 @@ class SageMakerBackend:
         timeout_s: float,
         min_max_tokens: int,
         lora_plus_lr_ratio: float | None = None,
+        weight_version: int = 0,
     ) -> None:
         self._training = training_client
-        self._slot: SamplerSlot[Any] = SamplerSlot(sampling_client)
+        self._slot: SamplerSlot[Any] = SamplerSlot(sampling_client, weight_version)
+        self._stepped = False
+        """An ``optim_step`` since the weights were last served: a checkpoint now holds the next version."""
         self._tokenizer = tokenizer
         self._model_id = model_id
         self._timeout_s = timeout_s
@@ -265,7 +288,7 @@ class SageMakerBackend:
             if resolved["resume_from"]:
                 training = call_blocking(
                     lambda: service.create_training_client_from_state_with_optimizer(
-                        resolved["resume_from"], **create
+                        package_arn(resolved["resume_from"]), **create
                     ),
                     what="sagemaker create_training_client_from_state_with_optimizer",
                 )
@@ -304,6 +327,7 @@ class SageMakerBackend:
             timeout_s=float(cfg_get(node, "request_timeout_s", 900.0)),
             min_max_tokens=int(cfg_get(node, "min_sample_max_tokens", 512)),
             lora_plus_lr_ratio=cfg_get(node, "lora_plus_lr_ratio", None),
+            weight_version=saved_version(resolved["resume_from"]) or 0,
         )
 
     # -- TrainingBackend ------------------------------------------------------
@@ -315,7 +339,8 @@ class SageMakerBackend:
 
     @property
     def weight_version(self) -> int:
-        """Bumped by every ``sync_sampler`` and ``load_state``."""
+        """Bumped by every ``sync_sampler``; a resumed checkpoint's own version after
+        ``load_state`` (or ``backend.resume_from``)."""
         return self._slot.version
 
     @property
@@ -363,6 +388,7 @@ class SageMakerBackend:
             lora_plus_lr_ratio=self._lora_plus,
         )
         out = await self._call(lambda: self._training.optim_step(adam), "sagemaker optim_step")
+        self._stepped = True
         return {str(k): float(v) for k, v in (out.metrics or {}).items() if isinstance(v, int | float)}
 
     async def sync_sampler(self) -> SageMakerSampler:
@@ -372,28 +398,40 @@ class SageMakerBackend:
             "sagemaker save_weights_and_get_sampling_client",
         )
         self._slot.rebind(client)
+        self._stepped = False
         return self._sampler
 
     async def save_state(self, path: str) -> str:
-        """Save weights and optimizer as a model package; returns its ARN (``path`` is a label)."""
+        """Save weights and optimizer as a model package; returns its ARN with ``-v<version>``
+        appended, the weight version these weights are (or would be) served at: one more
+        after an ``optim_step`` no ``sync_sampler`` has served yet (``path`` is a label)."""
+        version = self.weight_version + int(self._stepped)
         out = await self._call(
             lambda: self._training.save_state(description=f"tracerl checkpoint {path}"[:200]),
             "sagemaker save_state",
         )
         if not out.model_package_arn:
             raise TrainingError("sagemaker save_state completed without a model package ARN")
-        return str(out.model_package_arn)
+        return f"{out.model_package_arn}-v{version}"
 
     async def load_state(self, path: str) -> None:
-        """Restore weights and optimizer from a model package ARN and sample from them."""
-        if ":model-package/" not in str(path):
+        """Restore weights and optimizer from a checkpoint ``save_state`` returned and sample
+        from them, at the weight version it was saved at (the previous version + 1 for a
+        bare model package ARN)."""
+        arn = package_arn(str(path))
+        if ":model-package/" not in arn:
             raise ConfigError(
                 f"SageMaker loads model package ARNs returned by save_state, got {path!r}"
             )
         await self._call(
-            lambda: self._training.load_state_with_optimizer(path), "sagemaker load_state"
+            lambda: self._training.load_state_with_optimizer(arn), "sagemaker load_state"
         )
-        await self.sync_sampler()
+        client = await self._blocking(
+            self._training.save_weights_and_get_sampling_client,
+            "sagemaker save_weights_and_get_sampling_client",
+        )
+        self._slot.rebind(client, saved_version(str(path)))
+        self._stepped = False
 
     async def aclose(self) -> None:
         """Stop the training session (it bills until stopped); idempotent."""
