@@ -242,7 +242,8 @@ class SampleResult:
     """Version of the weights that produced these tokens (bumped after every sync); for a
     generation interrupted by a weight update, the version it started on (its oldest)."""
     routed_experts: Any | None = None
-    """Opaque per-token expert routing, when an MoE server returns it."""
+    """Opaque per-token expert routing, when an MoE server returns it (for a generation the
+    HTTP sampler continued after aborts, one entry per part: ``format: "parts"``)."""
     segments: tuple[Segment, ...] = ()
     """Set when a weight update interrupted the generation and it went on under newer
     weights: the versions of ``token_ids[start:end]``, in order, tiling them. Empty:

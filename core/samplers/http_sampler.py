@@ -34,7 +34,8 @@ Rules the base enforces:
   its tokens appended to the prompt and ``max_tokens`` reduced, at most
   ``MAX_CONTINUATIONS`` times; the result joins the parts, with one ``Segment``
   per weight version and each token's logprob from the weights that sampled
-  it. An abort with no tokens is sent again only when the weights changed since
+  it; routed experts (R3), when the parts carry them, are kept per part
+  (``joined_routed_experts``). An abort with no tokens is sent again only when the weights changed since
   it was sent (a push aborted it before its first token); otherwise it stays
   aborted.
 - **Nothing is sent while a push that aborts is under way** (``hold``/``release``,
@@ -120,7 +121,8 @@ class HttpSamplerConfig:
     """Send the session's routing header (vLLM ``x-session-id``, SGLang ``X-SMG-Routing-Key``)."""
     return_routed_experts: bool = False
     """Ask SGLang for routed experts (R3; needs ``--enable-return-routed-experts``). vLLM
-    returns them whenever the server was started to; either way they reach the trace."""
+    returns them whenever the server was started to; either way they reach the ``SampleResult``
+    (per part for a generation continued after aborts: ``joined_routed_experts``)."""
     extra_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Merged into the request's sampling params (e.g. ``repetition_penalty``)."""
     abort_timeout_s: float = 2.0
@@ -218,6 +220,32 @@ def finish_reason_of(value: object) -> FinishReason | None:
         return FinishReason(str(value))
     except ValueError:
         return None
+
+
+def joined_routed_experts(parts: Sequence[SampleResult]) -> dict[str, Any] | None:
+    """The routed experts (R3) of a generation sent in parts, kept per part in order.
+
+    Each part is its own request (prompt + the tokens before it), so the engine's
+    routing for it is its own blob, in the engine's format and from the weights that
+    sampled the part; a replay needs each generated token's routing from its own part.
+    ``{"format": "parts", "parts": [{"start", "end", "weight_version", "routed_experts"}]}``
+    with ``[start, end)`` the part's tokens in the joined reply; None when no part has any.
+    """
+    out: list[dict[str, Any]] = []
+    start = 0
+    for part in parts:
+        end = start + len(part.token_ids)
+        if part.token_ids:
+            out.append({
+                "start": start,
+                "end": end,
+                "weight_version": part.weight_version,
+                "routed_experts": part.routed_experts,
+            })
+        start = end
+    if all(p["routed_experts"] is None for p in out):
+        return None
+    return {"format": "parts", "parts": out}
 
 
 class HttpSampler:
@@ -417,6 +445,7 @@ class HttpSampler:
             logprobs,
             parts[-1].finish_reason,
             segments[0].weight_version,
+            routed_experts=joined_routed_experts(parts),
             segments=tuple(segments) if len(segments) > 1 else (),
         )
 

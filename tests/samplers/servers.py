@@ -289,6 +289,8 @@ class StandIn:
             self.served_with.append(self.weights)
             choice = {"index": 0, "token_ids": ids, "finish_reason": finish,
                       "logprobs": {"content": [{"logprob": lp} for lp in lps]}}
+            if self.routed_experts is not None:  # opaque: says which weights and how many tokens
+                choice["routed_experts"] = f"{self.routed_experts}:{self.weights}:{len(ids)}"
             return JSONResponse({"request_id": body.get("request_id"), "choices": [choice]})
 
         async def pause(request: Request) -> Response:

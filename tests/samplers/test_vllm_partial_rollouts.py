@@ -74,6 +74,34 @@ def test_a_push_pauses_vllm_and_the_aborted_generation_goes_on_under_the_new_wei
     assert standin.served_with == ["launch", WEIGHTS]
 
 
+def test_routed_experts_of_a_continued_generation_are_kept_per_part(make_standin: Any) -> None:
+    """R3 across a continued generation: each part's routing, from the weights that sampled
+    it, stays with that part's tokens (it was dropped before)."""
+    standin, url = make_standin(mode="decode", tick_s=0.01, routed_experts="R3")
+    sampler = sampler_for("vllm", [url], abort_on_push=True)
+
+    async def go() -> Any:
+        task = asyncio.create_task(sampler.sample(PROMPT, LONG, session_id="s"))
+        await wait_for(lambda: standin.running == 1, "a running generation")
+        await asyncio.sleep(0.1)
+        await WeightPusher(sampler).push(WEIGHTS, 7)
+        out = await task
+        await sampler.aclose()
+        return out
+
+    out = asyncio.run(go())
+    k, n = out.segments[0].end, LONG.max_tokens
+    assert out.routed_experts == {
+        "format": "parts",
+        "parts": [
+            {"start": 0, "end": k, "weight_version": 0,
+             "routed_experts": {"format": "npy-base64", "data": f"R3:launch:{k}"}},
+            {"start": k, "end": n, "weight_version": 7,
+             "routed_experts": {"format": "npy-base64", "data": f"R3:{WEIGHTS}:{n - k}"}},
+        ],
+    }
+
+
 def test_a_request_sent_during_the_push_waits_for_the_new_weights(make_standin: Any) -> None:
     """Not sent mid-push under the old label: it goes out after the push with the new version."""
     standin, url = make_standin(mode="decode", tick_s=0.01)
