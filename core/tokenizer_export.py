@@ -28,7 +28,7 @@ from core.tokenizer import build_tiny_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fingerprint", "load_tokenizer_without_torch"]
+__all__ = ["fingerprint", "first_difference", "load_tokenizer_without_torch"]
 
 PROBE_TEXTS = (
     "Hello world",
@@ -103,7 +103,8 @@ def fingerprint(tokenizer: Any) -> dict[str, Any]:
     return out
 
 
-def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first key (sorted) of two ``fingerprint``s whose values differ; ``None`` when equal."""
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             return key
@@ -121,7 +122,7 @@ def export(name_or_path: str, dest: str) -> dict[str, Any]:
     original = load_tokenizer(name_or_path)
     original.save_pretrained(dest)
     expected = fingerprint(original)
-    difference = _first_difference(expected, fingerprint(_load_copy(dest)))
+    difference = first_difference(expected, fingerprint(_load_copy(dest)))
     return {"ok": difference is None, "difference": difference, "fingerprint": expected,
             "class": type(original).__name__}
 
@@ -161,7 +162,7 @@ def load_tokenizer_without_torch(name_or_path: str, *, timeout_s: float = 600.0)
                         name_or_path, verdict["class"], verdict["difference"])
             return load_tokenizer(name_or_path)
         tokenizer = _load_copy(dest)
-    difference = _first_difference(verdict["fingerprint"], json.loads(json.dumps(fingerprint(tokenizer))))
+    difference = first_difference(verdict["fingerprint"], json.loads(json.dumps(fingerprint(tokenizer))))
     if difference is not None:
         log.warning("tokenizer %s: the copy loaded here differs in %r; loading it with AutoTokenizer",
                     name_or_path, difference)

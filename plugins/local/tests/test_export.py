@@ -78,7 +78,7 @@ def _hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["full", "lora merged", "lora adapter"])
 def test_exported_directory_gives_the_trainers_logprobs(tmp_path: Path, mode: str) -> None:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
     if mode != "full":
         pytest.importorskip("peft", reason="LoRA needs the tracerl-local[lora] extra")
@@ -92,15 +92,12 @@ def test_exported_directory_gives_the_trainers_logprobs(tmp_path: Path, mode: st
     initial, _, _ = _trainer_logprobs(run_dir, load=False)
     # The checkpoint's weights moved, so a directory of the initial weights would fail below.
     assert max(abs(a - b) for a, b in zip(trained, initial, strict=True)) > 1e-3
-    exported = _hf_logprobs(out, ids)
-    assert exported == pytest.approx(trained, abs=2e-5)
-
-    # The tiny preset's own byte-level BPE in a Qwen2 architecture: transformers' AutoTokenizer
-    # swaps in Qwen2Tokenizer's pre-tokenizer for a qwen2 config (a real Qwen checkpoint's own
-    # class), so the tiny tokenizer is read with the generic class it was built as.
-    tok = PreTrainedTokenizerFast.from_pretrained(str(out))
+    # As a user loads it: AutoTokenizer's ids of the chat, AutoModelForCausalLM's logprobs.
+    tok = AutoTokenizer.from_pretrained(str(out))
     assert tok.apply_chat_template(CHAT, tokenize=False) == text
-    assert list(tok.encode(text, add_special_tokens=False)) == ids
+    assert list(tok.apply_chat_template(CHAT, tokenize=True, return_dict=False)) == ids
+    exported = _hf_logprobs(out, list(tok.encode(text, add_special_tokens=False)))
+    assert exported == pytest.approx(trained, abs=2e-5)
     record = json.loads((out / "tracerl_export.json").read_text())
     assert record["format"] == {"full": "full", "lora merged": "merged", "lora adapter": "peft_adapter"}[mode]
     if mode == "lora adapter":
@@ -144,3 +141,27 @@ def test_an_adapter_names_a_local_base_model_by_its_absolute_path(
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((tmp_path / "base-hf").resolve())
     assert not (out / "base").exists()  # a real base is named, not copied
+
+
+def test_autotokenizer_loads_the_exported_tiny_tokenizer(tmp_path: Path, make_backend: Any) -> None:
+    """The tiny preset's own byte-level BPE sits in a Qwen2 architecture, and transformers 5
+    loads a qwen2 directory with Qwen2Tokenizer (its own pre-tokenizer: digits one by one)
+    whatever ``tokenizer_class`` says; the export's ``auto_map`` makes ``AutoTokenizer`` load
+    the tokenizer that was trained, with and without ``trust_remote_code``."""
+    from transformers import AutoTokenizer
+
+    from core.tokenizer_export import fingerprint, first_difference
+
+    backend = make_backend()
+    out = Path(run(backend.export_model(str(tmp_path / "model"))))
+    trained = fingerprint(backend.get_tokenizer())
+    assert trained["encode"][5]["plain"] != []  # "digits 12345 ...": where Qwen2's splitting differs
+    for trust in (False, True):
+        loaded = AutoTokenizer.from_pretrained(str(out), trust_remote_code=trust)
+        assert first_difference(trained, fingerprint(loaded)) is None, (trust, type(loaded).__name__)
+    # Without the export's auto_map, AutoTokenizer gives other ids: what the entry prevents.
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    del config["auto_map"]
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    assert first_difference(trained, fingerprint(AutoTokenizer.from_pretrained(str(out)))) == "encode"

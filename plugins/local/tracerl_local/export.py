@@ -7,6 +7,11 @@ load: ``config.json``, ``model.safetensors``, ``generation_config.json`` (its
 where training did), the tokenizer with its chat template, and ``tracerl_export.json``
 (where it came from; engines ignore it).
 
+The tokenizer directory is checked with ``transformers.AutoTokenizer``: a tokenizer of the
+generic fast class in a model type whose own class transformers forces (the offline ``tiny``
+preset: its own byte-level BPE in a Qwen2 architecture) gets an ``auto_map`` that makes
+``AutoTokenizer`` load ``tokenizer.json`` as it is (see ``_save_tokenizer``).
+
 With LoRA the adapters are merged into a copy of the weights by default; ``adapter=True``
 writes the peft adapter instead (``adapter_config.json`` + ``adapter_model.safetensors``),
 whose ``base_model_name_or_path`` is ``backend.model``, or for the offline ``tiny``
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -27,9 +33,28 @@ import torch
 from core.errors import ConfigError
 from core.tokenizer import end_of_turn_ids
 
-__all__ = ["EXPORT_FILE", "export_model"]
+log = logging.getLogger(__name__)
+
+__all__ = ["EXPORT_FILE", "TOKENIZER_MODULE", "export_model"]
 
 EXPORT_FILE = "tracerl_export.json"
+TOKENIZER_MODULE = "tokenization_tracerl.py"
+"""Written beside a generic tokenizer whose model type would load another class (``_save_tokenizer``)."""
+_GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+_MODULE_TEXT = '''"""The tokenizer of a model exported by tracerl (``python -m core.export``).
+
+``tokenizer.json`` here is loaded as it is: transformers' class for this model type would
+rebuild its own pre-tokenizer and give other token ids. ``AutoTokenizer`` reaches this class
+through ``auto_map`` only with ``trust_remote_code=True``; without it, it loads the same
+generic class (``tokenizer_class``).
+"""
+
+from transformers import PreTrainedTokenizerFast
+
+
+class TracerlTokenizer(PreTrainedTokenizerFast):
+    """transformers' generic fast tokenizer, under a name ``auto_map`` can point at."""
+'''
 
 
 def _generation_config(model: Any, tokenizer: Any) -> Any:
@@ -46,9 +71,47 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
     return gen
 
 
+def _auto_difference(tokenizer: Any, out: Path) -> str | None:
+    """The first probe on which ``AutoTokenizer.from_pretrained(out)`` differs from ``tokenizer``."""
+    from transformers import AutoTokenizer
+
+    from core.tokenizer_export import fingerprint, first_difference
+
+    return first_difference(fingerprint(tokenizer), fingerprint(AutoTokenizer.from_pretrained(str(out))))
+
+
+def _save_tokenizer(tokenizer: Any, out: Path) -> None:
+    """Save ``tokenizer`` to ``out`` so that ``AutoTokenizer.from_pretrained(out)`` loads the same one.
+
+    Why: transformers 5 loads a qwen2 directory (and other types it lists as declaring wrong
+    classes) with the type's own tokenizer class whatever ``tokenizer_class`` says, and that
+    class rebuilds its pre-tokenizer; a generic tokenizer there (the tiny preset's) would then
+    split digits apart and give other ids. An ``auto_map`` entry is the one thing
+    ``AutoTokenizer`` follows before that rule (to the generic class without
+    ``trust_remote_code``, to ``TOKENIZER_MODULE``'s subclass of it with).
+    """
+    tokenizer.save_pretrained(str(out))
+    difference = _auto_difference(tokenizer, out)
+    if difference is None:
+        return
+    if type(tokenizer).__name__ in _GENERIC_TOKENIZERS:
+        config_file = out / "tokenizer_config.json"
+        config = json.loads(config_file.read_text())
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config["auto_map"] = {"AutoTokenizer": [None, f"{TOKENIZER_MODULE[:-3]}.TracerlTokenizer"]}
+        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        (out / TOKENIZER_MODULE).write_text(_MODULE_TEXT)
+        difference = _auto_difference(tokenizer, out)
+    if difference is not None:
+        log.warning(
+            "AutoTokenizer.from_pretrained(%r) loads a tokenizer that differs from the trained one "
+            "(%s): load it with %s.from_pretrained", str(out), difference, type(tokenizer).__name__,
+        )
+
+
 def _write_full(model: Any, tokenizer: Any, out: Path) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
+    _save_tokenizer(tokenizer, out)
     _generation_config(model, tokenizer).save_pretrained(str(out))
 
 
@@ -106,7 +169,7 @@ def export_model(model: Any, tokenizer: Any, path: str | Path, *, adapter: bool,
                 model.save_pretrained(str(tmp), save_embedding_layers=False)  # no Hub lookup of the base
             finally:
                 peft_config.base_model_name_or_path = saved_base
-            tokenizer.save_pretrained(str(tmp))
+            _save_tokenizer(tokenizer, tmp)
         else:
             plain = copy.deepcopy(model).merge_and_unload() if is_peft else model
             _write_full(plain, tokenizer, tmp)
