@@ -22,7 +22,7 @@ class GatewayConfig:
     """Per-session context budget; beyond it requests get ``context_length_exceeded``."""
     tool_parser: str = "auto"
     """Tool-call parser: auto, hermes (Qwen3 JSON), qwen3_coder (XML), llama3_json, deepseek_v3,
-    harmony (gpt-oss), glm45, mistral, none."""
+    deepseek_v31, minimax_m2, kimi_k2, harmony (gpt-oss), glm45, mistral, none."""
     reasoning_parser: str = "auto"
     """How reasoning is split off a turn's text for the client: auto (``harmony`` for a
     template with harmony channels, ``think`` when it mentions ``</think>``), think

@@ -188,13 +188,26 @@ def _openai_tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
     return out
 
 
+def _named(out: dict[str, Any], m: Any, param: str) -> dict[str, Any]:
+    """``out`` with the message's participant ``name`` when it has one: Kimi K2's template
+    writes it in place of the role (``<|im_system|>calculator<|im_middle|>`` for a tool result
+    named ``calculator``), so dropping it would train a prompt the server never renders."""
+    name = m.get("name")
+    if name is None or name == "":
+        return out
+    if not isinstance(name, str):
+        raise bad_request(f"{param}.name must be a string, got {type(name).__name__}", param=param)
+    out["name"] = name
+    return out
+
+
 def _openai_convert(m: Any, i: int) -> Canon:
     param = f"messages[{i}]"
     role = m.get("role")
     if role in ("system", "developer"):
-        return [{"role": "system", "content": _text(m.get("content"), f"{param}.content")}]
+        return [_named({"role": "system", "content": _text(m.get("content"), f"{param}.content")}, m, param)]
     if role == "user":
-        return [{"role": "user", "content": _text(m.get("content"), f"{param}.content")}]
+        return [_named({"role": "user", "content": _text(m.get("content"), f"{param}.content")}, m, param)]
     if role == "assistant":
         msg: dict[str, Any] = {
             "role": "assistant",
@@ -217,7 +230,8 @@ def _openai_convert(m: Any, i: int) -> Canon:
         call_id = m.get("tool_call_id", "")
         if not isinstance(call_id, str):
             raise bad_request(f"{param}.tool_call_id must be a string", param=param)
-        return [{"role": "tool", "content": _text(m.get("content"), f"{param}.content"), "tool_call_id": call_id}]
+        tool = {"role": "tool", "content": _text(m.get("content"), f"{param}.content"), "tool_call_id": call_id}
+        return [_named(tool, m, param)]
     raise bad_request(
         f"{param}.role is {short_repr(role)}; expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
         param=param,

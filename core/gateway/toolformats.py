@@ -7,6 +7,11 @@ Defines:
   then ``<｜tool▁calls▁end｜>``.
 - ``parse_minimax_m2``: MiniMax M2 ``<minimax:tool_call>``, then per call ``<invoke name="NAME">``
   with ``<parameter name="K">V</parameter>`` per argument, then ``</minimax:tool_call>``.
+- ``parse_kimi_k2``: Kimi K2 / K2.5 ``<|tool_calls_section_begin|>``, then per call
+  ``<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{json}<|tool_call_end|>``,
+  then ``<|tool_calls_section_end|>``. The call id ``functions.NAME:N`` is the model's own
+  (``call_ids``): Kimi's template writes each call's id back into history as it was returned.
+- ``kimi_call_id``: that id for the N-th call of a conversation (0-based).
 
 Each returns a ``ParsedOutput``: the content before the calls and the calls, or, for markup
 that does not parse, the whole text as content with ``ill_formed`` set and the reason.
@@ -20,7 +25,7 @@ from typing import Any
 from core.gateway import safejson
 from core.gateway.parsed_output import ParsedOutput
 
-__all__ = ["parse_deepseek_v31", "parse_minimax_m2"]
+__all__ = ["kimi_call_id", "parse_deepseek_v31", "parse_kimi_k2", "parse_minimax_m2"]
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 DS_CALLS_END = "<｜tool▁calls▁end｜>"
@@ -118,3 +123,61 @@ def parse_minimax_m2(text: str) -> ParsedOutput:
     if not calls or block[pos:].strip():
         return _ill(text, "a tool call is not '<invoke name=\"NAME\">' with '<parameter name=\"K\">' tags")
     return ParsedOutput(content=text[:start].rstrip("\n"), tool_calls=calls)
+
+
+KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
+KIMI_SECTION_END = "<|tool_calls_section_end|>"
+KIMI_CALL_BEGIN = "<|tool_call_begin|>"
+_KIMI_CALL = re.compile(
+    r"<\|tool_call_begin\|>([^<]*?)<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.DOTALL
+)
+_KIMI_ID = re.compile(r"(?:functions\.)?([^\s:<>]+):(\d+)")
+"""A Kimi call id: ``functions.NAME:N`` (N counts the conversation's calls from 0); the name is
+read from it, as Kimi's format writes the name nowhere else."""
+
+
+def kimi_call_id(name: str, index: int) -> str:
+    """Kimi's id for the ``index``-th call of a conversation (from 0) to ``name``."""
+    return f"functions.{name}:{index}"
+
+
+def parse_kimi_k2(text: str) -> ParsedOutput:
+    """Parse Kimi K2 / K2.5 tool calls: text before ``<|tool_calls_section_begin|>`` is content
+    (kept as written: the template writes it right before the section), then one
+    ``<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>`` per call, ID
+    ``functions.NAME:N`` (kept as the call's id) and ARGS a JSON object."""
+    start = text.find(KIMI_SECTION_BEGIN)
+    if start < 0:
+        if KIMI_CALL_BEGIN in text or KIMI_SECTION_END in text:
+            return _ill(text, f"'{KIMI_CALL_BEGIN}' or '{KIMI_SECTION_END}' outside a '{KIMI_SECTION_BEGIN}' section")
+        return ParsedOutput(content=text)
+    body = text[start + len(KIMI_SECTION_BEGIN) :]
+    end = body.find(KIMI_SECTION_END)
+    if end < 0:
+        return _ill(text, f"unterminated '{KIMI_SECTION_BEGIN}' (no '{KIMI_SECTION_END}')")
+    if body[end + len(KIMI_SECTION_END) :].strip():
+        return _ill(text, "text after the tool calls")
+    block = body[:end]
+    calls: list[tuple[str, Any]] = []
+    ids: list[str | None] = []
+    pos = 0
+    for m in _KIMI_CALL.finditer(block):
+        if block[pos : m.start()].strip():
+            return _ill(text, "text between tool calls")
+        ident = m.group(1).strip()
+        named = _KIMI_ID.fullmatch(ident)
+        if named is None:
+            return _ill(text, f"tool call id {ident[:60]!r} is not 'functions.NAME:N'")
+        try:
+            args = safejson.loads(m.group(2))
+        except ValueError as exc:
+            return _ill(text, f"tool call arguments are not JSON: {exc}", bad_json=True)
+        if not isinstance(args, dict):
+            return _ill(text, "tool call arguments are not an object", bad_json=True)
+        calls.append((named.group(1), args))
+        ids.append(ident)
+        pos = m.end()
+    if not calls or block[pos:].strip():
+        return _ill(text, f"a tool call is not '{KIMI_CALL_BEGIN}functions.NAME:N<|tool_call_argument_begin|>' "
+                          "+ a JSON object + '<|tool_call_end|>'")
+    return ParsedOutput(content=text[:start], tool_calls=calls, call_ids=ids)

@@ -12,6 +12,9 @@ Defines:
   with each call's JSON right after ``<｜tool▁sep｜>`` (no type, no fenced block).
 - ``parse_minimax_m2`` (``core.gateway.toolformats``): MiniMax M2 ``<minimax:tool_call>`` with
   ``<invoke name="NAME"><parameter name="K">V</parameter>…</invoke>`` per call.
+- ``parse_kimi_k2`` (``core.gateway.toolformats``): Kimi K2 / K2.5 ``<|tool_calls_section_begin|>``
+  with ``<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{json}<|tool_call_end|>``
+  per call; the id ``functions.NAME:N`` is the model's own, returned to the client.
 - ``harmony`` (gpt-oss): messages addressed ``to=functions.NAME`` (``core.gateway.harmony``).
 - ``parse_glm45``: GLM-4.5 ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``.
 - ``parse_mistral``: Mistral ``[TOOL_CALLS]`` followed by a JSON list of calls (v3 tokenizers)
@@ -19,8 +22,9 @@ Defines:
 - ``PARSERS``, ``detect_parser``: the registry by config name and detection from a chat template.
 - ``CALL_MARKERS``, ``call_markers``: tool-call markup of known formats, and which of it a chat
   template writes (a turn holding such markup but no call is ``ParseStatus.MARKUP_NO_CALL``).
+- ``MODEL_CALL_IDS``: the formats whose model writes its own call ids (Kimi K2), and their form.
 - ``new_call_id``, ``kept_call_ids``: tool-call ids, the model's own where its format writes
-  one (Mistral v3 to v7), else fresh ones of the form the format's templates accept.
+  one (Mistral v3 to v7, Kimi K2), else fresh ones of the form the format's templates accept.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from core.gateway import safejson
@@ -37,14 +41,18 @@ from core.gateway.harmony import parse_harmony
 from core.gateway.parsed_output import ParsedOutput, ToolParser
 from core.gateway.toolformats import (
     DS_CALLS_BEGIN,
+    KIMI_SECTION_BEGIN,
     MINIMAX_BEGIN,
     deepseek_calls_block,
+    kimi_call_id,
     parse_deepseek_v31,
+    parse_kimi_k2,
     parse_minimax_m2,
 )
 
 __all__ = [
     "CALL_MARKERS",
+    "MODEL_CALL_IDS",
     "PARSERS",
     "ParsedOutput",
     "call_markers",
@@ -56,6 +64,7 @@ __all__ = [
     "parse_deepseek_v31",
     "parse_glm45",
     "parse_hermes",
+    "parse_kimi_k2",
     "parse_mistral",
     "parse_llama3_json",
     "parse_minimax_m2",
@@ -302,11 +311,18 @@ PARSERS: dict[str, ToolParser] = {
     "deepseek_v3": parse_deepseek_v3,
     "deepseek_v31": parse_deepseek_v31,
     "minimax_m2": parse_minimax_m2,
+    "kimi_k2": parse_kimi_k2,
     "harmony": parse_harmony,
     "glm45": parse_glm45,
     "mistral": parse_mistral,
 }
 """Parsers by config name (``gateway.tool_parser``); ``qwen3`` is an alias of ``hermes``."""
+
+
+MODEL_CALL_IDS: dict[str, Callable[[str, int], str]] = {"kimi_k2": kimi_call_id}
+"""Formats whose model writes each call's id itself, and the id it writes for the n-th call
+(from 0) of a conversation to a tool: Kimi K2's template writes the id, and the tool's name
+only inside it, into history."""
 
 
 def detect_parser(chat_template: str) -> str | None:
@@ -315,6 +331,8 @@ def detect_parser(chat_template: str) -> str | None:
         return "harmony"
     if MINIMAX_BEGIN in chat_template:
         return "minimax_m2"
+    if KIMI_SECTION_BEGIN in chat_template:
+        return "kimi_k2"
     if DS_CALLS_BEGIN in chat_template:
         # V3 / R1 fence each call's JSON in a ```json block; V3.1 / V3.2 write it bare after the name.
         bare = "<｜tool▁sep｜>" in chat_template and "```json" not in chat_template

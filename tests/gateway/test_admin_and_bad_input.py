@@ -99,6 +99,7 @@ BAD_BODIES: list[tuple[Any, str]] = [
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name must be a string"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}, "'max_tokens' must be an integer"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "'max_tokens' must be >= 1"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "'temperature' must be in"),

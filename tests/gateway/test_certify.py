@@ -155,6 +155,9 @@ EXPECTED = {
     # Gemma 3 renders no tools: the cases offering them are n/a (the gateway refuses them), the rest hold.
     "gemma-3": ("holds", set()),
     "glm-4.6": ("forks", set()),
+    # Kimi K2.5: a tool loop whose reasoning is sent back is one row; its final answer re-renders the
+    # loop without reasoning, so a new question forks; a turn with an empty reasoning block forks.
+    "kimi-k2.5": ("forks", set()),
     # GLM-4.7's generation prompt opens <think>; a turn without reasoning is '</think>' in history.
     "glm-4.7": ("forks", set()),
 }

@@ -918,3 +918,66 @@ def test_minimax_m2_offline_vocabulary_tool_loop_is_one_exact_row_and_a_new_ques
     prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True)
     assert "Multiply first." not in tok.decode(prompt)
     assert question.token_ids == prompt + [*ids(tok, minimax_turn("Easy.", "4.")), end]
+
+
+def kimi_call(expression: str, ident: str) -> str:
+    """Kimi K2.5's tool-call section, as its template writes one: the call id the model writes
+    (``functions.NAME:N``, N counting the conversation's calls), then the JSON arguments."""
+    return (f"<|tool_calls_section_begin|><|tool_call_begin|>{ident}<|tool_call_argument_begin|>"
+            f'{json.dumps({"expression": expression})}<|tool_call_end|><|tool_calls_section_end|>')
+
+
+@pytest.mark.parametrize("family", [("kimi-k2.5", {})], indirect=True)
+def test_kimi_k25_offline_vocabulary_tool_loop_keeps_the_models_call_ids_and_a_new_question_forks(
+    family: tuple[Harness, Any],
+) -> None:
+    """Kimi K2.5's real template and special tokens, on a vocabulary built offline (the fixtures
+    README says what that does not prove). The generation prompt opens ``<think>``; each call's
+    id is the model's own (``functions.calculator:0``), returned to the client and written back
+    into history, and a tool result's ``name`` is written in place of its role. A tool loop
+    with its reasoning sent back is one row; the final answer makes the template drop the loop's
+    reasoning from history, so the next question starts a new row, the template's rendering."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert set(h.gw.end_of_turn_ids) == {end, tok.convert_tokens_to_ids("[EOS]")}
+    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == ("kimi_k2", "think")
+    agent = Agent(h, tok, end)
+    first = agent.turn("Multiply first.</think>" + kimi_call("12*7", "functions.calculator:0"))
+    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
+    assert first.tool_calls[0].id == "functions.calculator:0" and first.tool_calls[0].function.name == "calculator"
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.messages.append({"role": "tool", "tool_call_id": first.tool_calls[0].id, "name": "calculator", "content": "84"})
+    second = agent.turn("Now add 5.</think>" + kimi_call("84+5", "functions.calculator:1"))
+    assert second.tool_calls[0].id == "functions.calculator:1"
+    agent.messages.append({"role": "tool", "tool_call_id": second.tool_calls[0].id, "name": "calculator", "content": "89"})
+    final = agent.turn("Done.</think>The answer is 89.")
+    assert final.content == "The answer is 89." and final.reasoning_content == "Done."  # type: ignore[attr-defined]
+    agent.user("And 2+2?")
+    agent.turn("Easy.</think>4.")
+    loop, question = agent.rows()
+
+    def called(reasoning: str, expression: str, ident: str) -> dict[str, Any]:
+        call = {"id": ident, "type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+        return {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [call]}
+
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        called("Multiply first.", "12*7", "functions.calculator:0"),
+        {"role": "tool", "tool_call_id": "functions.calculator:0", "name": "calculator", "content": "84"},
+        called("Now add 5.", "84+5", "functions.calculator:1"),
+        {"role": "tool", "tool_call_id": "functions.calculator:1", "name": "calculator", "content": "89"},
+    ]
+    prompt = rendered(tok, reference, generation=True)
+    assert "<|im_system|>calculator<|im_middle|>## Return of functions.calculator:1\n89" in tok.decode(prompt)
+    assert loop.token_ids == prompt + [*ids(tok, "Done.</think>The answer is 89."), end]
+    assert trained(tok, loop) == [
+        "Multiply first.</think>" + kimi_call("12*7", "functions.calculator:0") + "<|im_end|>",
+        "Now add 5.</think>" + kimi_call("84+5", "functions.calculator:1") + "<|im_end|>",
+        "Done.</think>The answer is 89.<|im_end|>",
+    ]
+    reference += [{"role": "assistant", "content": "The answer is 89.", "reasoning_content": "Done."},
+                  {"role": "user", "content": "And 2+2?"}]
+    prompt = rendered(tok, reference, generation=True)
+    assert "Multiply first." not in tok.decode(prompt) and "functions.calculator:1" in tok.decode(prompt)
+    assert question.token_ids == prompt + [*ids(tok, "Easy.</think>4."), end]

@@ -13,6 +13,7 @@ from core.gateway.toolparse import (
     get_parser,
     parse_deepseek_v31,
     parse_hermes,
+    parse_kimi_k2,
     parse_llama3_json,
     parse_minimax_m2,
     parse_qwen3_coder,
@@ -228,6 +229,30 @@ def test_deepseek_v31_calls_parse_and_broken_ones_are_text() -> None:
     assert parse_deepseek_v31(f"{_B}{one.replace('{', '[1, {').replace('}<', '}]<')}{_E}").bad_json
     assert detect_parser(f"{_B}<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments") == "deepseek_v31"
     assert detect_parser(f"{_B}<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n") == "deepseek_v3"
+
+
+def test_kimi_k2_calls_parse_with_the_models_ids_and_broken_ones_are_text() -> None:
+    """Kimi K2 / K2.5: the name is read from the model's own call id ``functions.NAME:N``, which is
+    kept (``call_ids``) so history renders it as written; content before the section is kept as is."""
+    section = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.calculator:0<|tool_call_argument_begin|>"
+               '{"expression": "12*7"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1'
+               '<|tool_call_argument_begin|>{"city": "Paris", "days": 2}<|tool_call_end|><|tool_calls_section_end|>')
+    out = parse_kimi_k2("Checking.\n" + section)
+    assert out.content == "Checking.\n" and not out.ill_formed
+    assert out.tool_calls == [("calculator", {"expression": "12*7"}), ("get_weather", {"city": "Paris", "days": 2})]
+    assert out.call_ids == ["functions.calculator:0", "functions.get_weather:1"]
+    assert parse_kimi_k2("plain").tool_calls == [] and parse_kimi_k2("plain").call_ids == []
+    for broken, why, bad_json in [
+        (section[: -len("<|tool_calls_section_end|>")], "unterminated", False),
+        (section.replace("functions.calculator:0", "calculator"), "is not 'functions.NAME:N'", False),
+        (section.replace('{"expression": "12*7"}', '{"expression": '), "not JSON", True),
+        (section.replace('{"expression": "12*7"}', "[1]"), "not an object", True),
+        (section + " and more", "after the tool calls", False),
+        (section.replace("<|tool_calls_section_begin|>", ""), "outside", False),
+    ]:
+        bad = parse_kimi_k2(broken)
+        assert bad.ill_formed and why in bad.error and bad.content == broken and bad.bad_json == bad_json, bad.error
+    assert detect_parser("{{ '<|tool_calls_section_begin|>' }}") == "kimi_k2"
 
 
 def test_minimax_m2_calls_parse_and_broken_ones_are_text() -> None:

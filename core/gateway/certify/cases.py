@@ -7,6 +7,8 @@ Defines:
 - ``battery``: the cases for a template: plain multi-turn, system prompt, tools offered and
   called, parallel calls, tool results, a new question after a tool loop, long history,
   unicode, and, where the template reasons, reasoning sent back and not, and switched off.
+- ``with_call_ids``: a case whose call ids are the ones a model writes itself (Kimi K2's
+  ``functions.NAME:N``: its template writes the id, and the name only inside it).
 
 Why these: each is a way a template may render history differently from what the model
 generated (dropped reasoning, re-rendered tool calls, a system prompt moved, a turn closed
@@ -16,10 +18,11 @@ server would feed the model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["TOOLS", "Case", "battery"]
+__all__ = ["TOOLS", "Case", "battery", "with_call_ids"]
 
 SYSTEM = "You are a careful assistant. Answer briefly."
 
@@ -171,3 +174,23 @@ def battery(*, reasoning: bool, switch: str | None) -> list[Case]:
         cases.append(Case("reasoning_off", f"{switch}=false: a tool loop and a new question",
                           tuple(_tool_loop(False)), tools, {switch: False}))
     return cases
+
+
+def with_call_ids(case: Case, form: Callable[[str, int], str]) -> Case:
+    """``case`` with each call's id replaced by ``form(name, n)``, n counting the conversation's
+    calls from 0, in its tool results too: the ids a model that writes its own (``kimi_k2``)
+    would have written."""
+    renamed: dict[str, str] = {}
+    for message in case.messages:
+        for call in message.get("tool_calls") or ():
+            renamed.setdefault(call["id"], form(call["function"]["name"], len(renamed)))
+
+    def one(message: dict[str, Any]) -> dict[str, Any]:
+        out = dict(message)
+        if "tool_calls" in out:
+            out["tool_calls"] = [{**c, "id": renamed[c["id"]]} for c in out["tool_calls"]]
+        if out.get("tool_call_id") in renamed:
+            out["tool_call_id"] = renamed[out["tool_call_id"]]
+        return out
+
+    return replace(case, messages=tuple(one(m) for m in case.messages))

@@ -151,12 +151,21 @@ class Reference:
         id; without one, a trailing special token (gpt-oss's ``<|end|>``) becomes the
         end-of-turn id the model stops on. ``calls``: the message's tool calls as the model
         writes them, for a template that writes none (``writes_calls``); put before the
-        end-of-turn id. ``stop``: the id the model stops on when the template writes no
+        end-of-turn id. A message that changes how the template renders the turns before it
+        (Kimi K2.5's final answer drops the reasoning of the tool loop before it) is written as
+        the template writes it after its generation prompt. ``stop``: the id the model stops on when the template writes no
         end-of-turn id of its own after the message (``opener_stop``).
         """
         prompt = self.text(history, tools, extra, generation=True)
         full = self.text([*history, assistant], tools, extra, generation=False)
         text = full[self._cut(full, _common(prompt, full)) :]
+        base = self.text(history, tools, extra, generation=False) if history else ""
+        if _common(prompt, full) < len(base) and prompt.startswith(base) and prompt[len(base) :] in full:
+            # The message re-renders the turns before it (Kimi K2.5 drops a tool loop's reasoning
+            # once its final answer follows): the model writes the message's own text, after
+            # the generation prompt, into the prompt it was served.
+            header = prompt[len(base) :]
+            text = full[full.rfind(header) + len(header) :]
         ids = self.encode(text)
         if self.think:
             reasoning = str(assistant.get("reasoning_content") or "")

