@@ -13,7 +13,9 @@ Defines:
   gateway only after it returns (every server reported the version). Then the
   logprob probe (``core.trainer.probe``) compares each server's logprobs with
   the backend's on a fixed prompt; a server past ``sampler.logprob_tolerance``
-  is retired, and with none left the run stops.
+  is retired, and with none left the run stops. A server re-pushed between
+  pushes (back from unhealthy, ``ServerPool.readmit``) is probed before any
+  traffic against the last probe's trainer logprobs (``reprobe_server``).
 - ``FleetProbe``: what the probe samples and scores with (the loss's settings).
 - ``build_fleet``: the ``Fleet`` for a run, None for ``sampler=backend``, or a
   ``ConfigError`` naming what to use when the backend cannot write weights to disk.
@@ -32,10 +34,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import ConfigError, RunAborted, SamplerError
 from core.samplers.factory import build_http_sampler
+from core.samplers.http_pool import ServerState
 from core.samplers.http_sampler import HttpSampler, HttpSamplerConfig
 from core.samplers.weights import PushReport, WeightPusher
 from core.trainer.overrides import loss_sampling
-from core.trainer.probe import ProbeResult, check_unnormalised, probe_server
+from core.trainer.probe import (
+    ProbeResult,
+    check_unnormalised,
+    probe_prompt,
+    probe_server,
+    reprobe_server,
+)
 from core.types import SamplingParams
 
 __all__ = ["FLEET_KINDS", "SAMPLER_CHOICES", "Fleet", "FleetProbe", "SamplerConfig", "build_fleet"]
@@ -131,6 +140,12 @@ class Fleet:
         self._warned_no_forward = False
         self.sampler: HttpSampler = build_http_sampler(config)
         self.pusher = WeightPusher(self.sampler, update_timeout_s=config.update_timeout_s)
+        self.sampler.pool.readmit = self._readmit  # the pusher's re-push, then the probe
+        self._reference: ProbeResult | None = None
+        """A probe that passed at the last push: what a server coming back is compared with."""
+        self._prompt: list[int] = []
+        self._awaiting_push: set[str] = set()
+        """Servers back from unhealthy whose probe could not be scored: out until the next push."""
         self.weights_dir = Path(config.weights_dir or run_dir / "sampler_weights").resolve()
         self.last: PushReport | None = None
         self._unreported_s = 0.0
@@ -145,6 +160,7 @@ class Fleet:
         t0 = time.perf_counter()
         version = int(backend.weight_version)
         path = await backend.export_weights(str(self.weights_dir / f"v{version:06d}"))
+        self._awaiting_push.clear()  # pushed and probed now with the others
         report = await self.pusher.push(str(path), version)
         if self.probe is not None:
             await self._probe(backend, self.probe, report)
@@ -170,6 +186,8 @@ class Fleet:
         pool = self.sampler.pool
         tolerance = self.config.logprob_tolerance
         self.probed = []
+        self._reference = None
+        self._prompt = probe_prompt(backend.get_tokenizer())
         loss = (probe.loss_fn, probe.loss_config)
         for server in [s for s in pool.servers if s.url in report.updated]:
             try:
@@ -179,6 +197,8 @@ class Fleet:
             else:
                 self.probed.append(result)
                 if result.mean_abs_diff <= tolerance:
+                    if self._reference is None and result.tokens:
+                        self._reference = result
                     continue
                 reason = (
                     f"its logprobs differ from the trainer's by {result.mean_abs_diff:.3f} per token on "
@@ -198,6 +218,43 @@ class Fleet:
                 "distribution they sample from (vLLM: --logprobs-mode processed_logprobs), or sample at "
                 "temperature 1 without top-k/top-p (docs/samplers.md)"
             )
+
+    async def _readmit(self, server: ServerState) -> bool:
+        """A server back from unhealthy: re-pushed (``WeightPusher.readmit``), then probed
+        before any traffic against the last push's probe, not the backend (whose weights
+        may already be past the pushed ones). True when it may serve."""
+        if server.url in self._awaiting_push:
+            return False
+        if not await self.pusher.readmit(server):
+            return False
+        reference, probe, current = self._reference, self.probe, self.pusher.current
+        if probe is None or reference is None or current is None:
+            return True
+        tolerance = self.config.logprob_tolerance
+        try:
+            result = await reprobe_server(self.sampler, server, reference, self._prompt, probe.params)
+        except SamplerError as exc:
+            reason = f"the probe request failed: {exc}"
+        else:
+            if result is None:
+                self._awaiting_push.add(server.url)
+                print(
+                    f"note: {self.sampler.protocol} server {server.url} came back but sampled other probe "
+                    f"tokens than {reference.url} at the same seed; it gets no traffic until the next push "
+                    "probes it against the trainer",
+                    file=sys.stderr,
+                )
+                return False
+            self.probed = [r for r in self.probed if r.url != server.url] + [result]
+            if result.mean_abs_diff <= tolerance:
+                return True
+            reason = (
+                f"its logprobs differ from the trainer's by {result.mean_abs_diff:.3f} per token on "
+                f"average (max {result.max_abs_diff:.3f}, {result.tokens} tokens) > "
+                f"sampler.logprob_tolerance={tolerance:g}"
+            )
+        self.pusher.retire(server, reason, current[1], what="the logprob probe on coming back, at")
+        return False
 
     def _prune(self) -> None:
         pushed = sorted(p for p in self.weights_dir.glob("v*") if p.is_dir() and p.name[1:].isdigit())

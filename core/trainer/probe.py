@@ -19,6 +19,9 @@ Defines:
   reports unnormalised logprobs for, unless ``sampler.processed_logprobs`` says
   the servers were started to report the sampled distribution's.
 - ``probe_server``: sample on one server, score with the backend, compare.
+- ``reprobe_server``: a server readmitted between pushes (back from unhealthy,
+  re-pushed) against a passed probe's trainer logprobs, so the trainer (whose
+  weights may already be past the pushed ones) is not asked again.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from core.samplers.http_pool import ServerState
 from core.samplers.http_sampler import HttpSampler
 from core.types import Datum, SamplingParams
 
-__all__ = ["PROBE_TEXT", "ProbeResult", "check_unnormalised", "probe_server"]
+__all__ = ["PROBE_TEXT", "ProbeResult", "check_unnormalised", "probe_server", "reprobe_server"]
 
 PROBE_TEXT = "Count on from one: one, two, three,"
 """The fixed prompt (encoded with the run's tokenizer, no special tokens)."""
@@ -52,6 +55,10 @@ class ProbeResult:
     """Mean |server - trainer| logprob per generated token."""
     max_abs_diff: float
     """Largest |server - trainer| over the generated tokens."""
+    token_ids: tuple[int, ...] = ()
+    """The tokens the server sampled."""
+    trainer_logprobs: tuple[float, ...] = ()
+    """The trainer's logprobs for them (what ``reprobe_server`` compares with)."""
 
 
 def check_unnormalised(kind: str, params: SamplingParams, *, processed_logprobs: bool) -> None:
@@ -102,14 +109,7 @@ async def probe_server(
     ``backend.forward``'s for the same tokens under ``loss`` (``algorithm.loss`` and the
     ``loss_config`` the loop trains with)."""
     prompt = probe_prompt(backend.get_tokenizer())
-    probe = SamplingParams(
-        max_tokens=PROBE_TOKENS,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        seed=PROBE_SEED,
-    )
-    result = await sampler.sample_on(server, prompt, probe)
+    result = await sampler.sample_on(server, prompt, _probe_params(params))
     generated = list(result.token_ids)
     if not generated:
         return ProbeResult(server.url, 0, 0.0, 0.0)
@@ -126,7 +126,35 @@ async def probe_server(
     scored = await backend.forward([datum], loss_fn, loss_config)
     trainer = list(scored.logprobs[0])[-len(generated) :]
     diffs = _diffs(result.logprobs, trainer)
-    return ProbeResult(server.url, len(generated), sum(diffs) / len(diffs), max(diffs))
+    return ProbeResult(
+        server.url, len(generated), sum(diffs) / len(diffs), max(diffs), tuple(generated), tuple(trainer)
+    )
+
+
+async def reprobe_server(
+    sampler: HttpSampler, server: ServerState, reference: ProbeResult, prompt: Sequence[int], params: SamplingParams
+) -> ProbeResult | None:
+    """Sample the probe prompt on ``server`` at ``params`` and compare its logprobs with
+    ``reference``'s trainer logprobs (a probe that passed at the current version). None
+    when it sampled other tokens than ``reference`` (same seed and settings: other weights,
+    or an engine that is not deterministic), which this cannot score."""
+    result = await sampler.sample_on(server, list(prompt), _probe_params(params))
+    if tuple(result.token_ids) != reference.token_ids or not reference.token_ids:
+        return None
+    diffs = _diffs(result.logprobs, reference.trainer_logprobs)
+    return ProbeResult(
+        server.url, len(diffs), sum(diffs) / len(diffs), max(diffs), reference.token_ids, reference.trainer_logprobs
+    )
+
+
+def _probe_params(params: SamplingParams) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=PROBE_TOKENS,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=PROBE_SEED,
+    )
 
 
 def _diffs(server: Sequence[float], trainer: Sequence[float]) -> list[float]:

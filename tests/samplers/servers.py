@@ -172,7 +172,8 @@ class StandIn:
     upstream: str = ""
     """Forward vLLM generate requests to this server (see the module docstring)."""
     raw_logprobs_from: Any = None
-    """The backend that scores the upstream's tokens as the raw model (its ``forward``)."""
+    """The backend that scores the upstream's tokens as the raw model (its ``forward``);
+    None: the upstream's own logprobs pass through."""
     tick_s: float = 0.01
     """``decode``: seconds per generated token."""
     paused: bool = False
@@ -214,7 +215,7 @@ class StandIn:
             answer = (await client.post(self.upstream + path, json=body)).json()
         choice = answer["choices"][0]
         prompt, ids = list(body["token_ids"]), list(choice["token_ids"])
-        if ids:
+        if ids and self.raw_logprobs_from is not None:  # None: the upstream's own logprobs
             seq = prompt + ids
             datum = Datum(model_input=seq[:-1], target_tokens=seq[1:], logprobs=[0.0] * (len(seq) - 1),
                           advantages=[0.0] * (len(seq) - 1), weights=[1.0] * (len(seq) - 1))

@@ -135,3 +135,49 @@ def test_a_server_that_cannot_answer_the_probe_is_retired(
     assert "the probe request failed" in report.retired[broken] and "HTTP 500" in report.retired[broken]
     assert [s.url for s in fleet.sampler.pool.servers] == [good]
     assert [r.url for r in fleet.probed] == [good]
+
+
+@pytest.mark.parametrize("raw_after_restart", [False, True])
+def test_a_server_coming_back_is_probed_before_any_traffic(
+    served: tuple[str, LocalBackend], trainer: LocalBackend, make_standin: Any, tmp_path: Path,
+    raw_after_restart: bool,
+) -> None:
+    """A server that restarts between pushes is re-pushed on coming back and probed then,
+    against the last push's trainer logprobs, not at the next push (#28). Here it passes
+    the push's probe, then restarts without ``--logprobs-mode processed_logprobs`` (raw
+    logprobs at temperature 0.4): retired before it serves a turn; restarted as it was, it
+    is readmitted."""
+    good, upstream_backend = served
+    standin, url = make_standin(upstream=good)
+    config = SamplerConfig(kind="vllm", urls=[good, url], health_interval_s=0, processed_logprobs=True)
+    probe = FleetProbe("ppo", {"temperature": TEMPERATURE}, SamplingParams(temperature=TEMPERATURE))
+    fleet = Fleet(config, tmp_path, probe=probe)
+    pool = fleet.sampler.pool
+
+    async def go() -> Any:
+        try:
+            report = await fleet.push(trainer)
+            assert sorted(report.updated) == sorted([good, url]) and not report.retired
+            # It restarts: down for a check, then back (the health-check path readmits it).
+            standin.restart()
+            standin.raw_logprobs_from = upstream_backend if raw_after_restart else None
+            server = next(s for s in pool.servers if s.url == url)
+            pool.record_check(server, False, "down")
+            pool.record_check(server, False, "down")
+            served_before = len(standin.generate_hits())
+            await pool.check(fleet.sampler.client(), server)
+            return server, served_before
+        finally:
+            await fleet.aclose()
+
+    server, served_before = asyncio.run(go())
+    assert standin.weights != "launch"  # re-pushed on coming back
+    assert len(standin.generate_hits()) == served_before + 1  # the probe, before any turn
+    if raw_after_restart:
+        assert [s.url for s in pool.servers] == [good]
+        (reason,) = [r for s, r in fleet.pusher.retired.items() if s == url]
+        assert "logprobs differ from the trainer's" in reason and "sampler.logprob_tolerance=0.1" in reason
+        assert max(r.mean_abs_diff for r in fleet.probed if r.url == url) > config.logprob_tolerance
+    else:
+        assert server in pool.servers and not server.needs_weights
+        assert [r.mean_abs_diff for r in fleet.probed if r.url == url][-1] < 1e-3
