@@ -388,6 +388,7 @@ class Trainer:
         source = PoolSource(
             pool, batch_size=batch,
             version=lambda: int(self.backend.weight_version), reruns=len(self._resumed.pending),
+            exclude_failed=self.algo.exclude_failed,
         )
         self._closers.append(source.aclose)
         return source
@@ -452,7 +453,7 @@ class Trainer:
                 data={"data/epoch": self.order.epoch, "data/cursor": self.order.cursor, "data/batch": list(self._last_batch)},
             )
         )
-        record.update(flow_metrics(outcomes, version, flow, step_time))
+        record.update(flow_metrics(outcomes, version, flow, step_time, exclude_failed=self.algo.exclude_failed))
         record.update(component_metrics(outcomes))
         record.update(await self.traces.awrite_step(self.step, outcomes, signal.advantages, weight_version=version))
         return record

@@ -22,7 +22,7 @@ from typing import Any
 
 from core.rollout import FAULT_KEYS, RolloutOutcome
 from core.trainer.parse_watch import parse_metrics
-from core.trainer.pool import interrupted_turns, rollout_staleness, token_staleness
+from core.trainer.pool import interrupted_turns, rollout_staleness, token_staleness, trains
 from core.types import Datum, RolloutStatus
 
 
@@ -144,11 +144,13 @@ def step_metrics(report: StepReport) -> dict[str, Any]:
 
 
 def flow_metrics(
-    outcomes: list[RolloutOutcome], version: int, flow: dict[str, Any], step_time: float
+    outcomes: list[RolloutOutcome], version: int, flow: dict[str, Any], step_time: float,
+    *, exclude_failed: bool = True,
 ) -> dict[str, Any]:
-    """Staleness of what trained (against weight ``version``), then ``flow`` (the rollout
-    source's idle times and counts, which carry ``rollouts/finished``), then throughput."""
-    trained = [o for o in outcomes if o.ok]
+    """Staleness of what trained (against weight ``version``; failed rollouts with rows
+    train too when ``exclude_failed`` is False), then ``flow`` (the rollout source's idle
+    times and counts, which carry ``rollouts/finished``), then throughput."""
+    trained = [o for o in outcomes if trains(o, exclude_failed=exclude_failed)]
     ages = rollout_staleness(trained, version)
     token_mean, token_max = token_staleness(trained, version)
     out: dict[str, Any] = {

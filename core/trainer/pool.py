@@ -13,8 +13,9 @@ straggler older than the room is corrected per token by the importance weight
 against its recorded behaviour logprobs (``algorithm.tis_cap``) and, with
 ``trainer.max_staleness_per_token``, its older turns become context
 (``mask_stale_turns``). A group's staleness is the trained weight version
-minus the oldest weight version of any token its trainable (``ok``) rollouts
-generated (later turns of a rollout may run on newer weights than its first,
+minus the oldest weight version of any token its trainable rollouts
+generated (``ok`` ones, and failed ones with rows under ``exclude_failed=false``,
+which trains them at reward 0) (later turns of a rollout may run on newer weights than its first,
 and a turn interrupted by a weight update goes on under the new ones: each of
 its segments carries its own version).
 
@@ -36,6 +37,12 @@ from typing import Any
 from core.rollout import RolloutOutcome, RolloutRunner
 from core.rollout.data import DataOrder
 from core.types import SamplingParams
+
+
+def trains(outcome: RolloutOutcome, *, exclude_failed: bool = True) -> bool:
+    """Whether ``outcome`` trains: ``ok``, or failed with rows under ``exclude_failed=False``
+    (scored 0.0, as ``core.algo.advantages`` does)."""
+    return outcome.ok or (not exclude_failed and bool(outcome.rows))
 
 
 def oldest_version(outcomes: Sequence[RolloutOutcome]) -> int | None:
@@ -118,10 +125,11 @@ class FinishedGroup:
     rerun: bool = False
     """Started again after a resume (it was in flight at the checkpoint)."""
 
-    def staleness(self, version: int) -> int:
+    def staleness(self, version: int, *, exclude_failed: bool = True) -> int:
         """Optimizer steps between ``version`` and the oldest generated token of the group's
-        rollouts that will train (a failed member that started early does not age it)."""
-        oldest = oldest_version([o for o in self.outcomes if o.ok])
+        rollouts that will train (a failed member that started early does not age it,
+        unless ``exclude_failed`` is False: then it trains at reward 0 and counts)."""
+        oldest = oldest_version([o for o in self.outcomes if trains(o, exclude_failed=exclude_failed)])
         return 0 if oldest is None else max(0, version - oldest)
 
 

@@ -119,6 +119,8 @@ class PoolSource:
         batch_size: Groups per step.
         version: The backend's current weight version.
         reruns: Groups a resumed run started again (reported once, by the first step).
+        exclude_failed: ``algorithm.exclude_failed``: whether failed rollouts train (at
+            reward 0, when False), so whether they age their group.
     """
 
     def __init__(
@@ -128,8 +130,10 @@ class PoolSource:
         batch_size: int,
         version: Callable[[], int],
         reruns: int = 0,
+        exclude_failed: bool = True,
     ) -> None:
         self.pool = pool
+        self._exclude_failed = exclude_failed
         self._batch_size = batch_size
         self._version = version
         self._reruns = reruns
@@ -139,7 +143,9 @@ class PoolSource:
         version = self._version()
         flow: dict[str, Any] = {
             "async/wasted_rollouts": 0,  # nothing is dropped for staleness
-            "async/group_staleness_max": max((g.staleness(version) for g in groups), default=0),
+            "async/group_staleness_max": max(
+                (g.staleness(version, exclude_failed=self._exclude_failed) for g in groups), default=0
+            ),
             "async/groups": [g.seq for g in groups],
             "async/rerun": sum(1 for g in groups if g.rerun),
             "time/trainer_idle": waited,

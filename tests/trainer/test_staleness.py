@@ -4,6 +4,7 @@ counts only rollouts that will train; ``tis_cap`` is on by default in async."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from core.errors import ConfigError
 from core.rollout import RolloutOutcome
 from core.trainer.config import ASYNC_TIS_CAP, TrainerConfig
 from core.trainer.loop import Trainer
+from core.trainer.metrics import flow_metrics
 from core.trainer.pool import FinishedGroup, mask_stale_turns
 from core.types import (
     FinishReason,
@@ -56,6 +58,27 @@ def test_a_groups_age_counts_only_rollouts_that_will_train() -> None:
     early_failure = _outcome([0], RolloutStatus.TIMEOUT)
     group = FinishedGroup(seq=0, data_index=0, outcomes=[early_failure, _outcome([4]), _outcome([5])])
     assert group.staleness(6) == 2
+
+
+def test_with_exclude_failed_false_a_failed_rollout_trains_so_it_ages_its_group() -> None:
+    """``algorithm.exclude_failed=false`` trains a failed rollout with rows at reward 0, so its
+    old tokens are trained and the group's age and the staleness metrics must count them."""
+    early_failure = _outcome([0], RolloutStatus.TIMEOUT)
+    outcomes = [early_failure, _outcome([4]), _outcome([5])]
+    group = FinishedGroup(seq=0, data_index=0, outcomes=outcomes)
+    assert group.staleness(6, exclude_failed=False) == 6
+    assert group.staleness(6, exclude_failed=True) == 2
+    flow = {"rollouts/finished": 3}
+    scored = flow_metrics(outcomes, 6, flow, 1.0, exclude_failed=False)
+    excluded = flow_metrics(outcomes, 6, flow, 1.0)
+    assert (scored["async/staleness_max"], scored["async/staleness_mean"]) == (6, 3.0)
+    assert scored["async/token_staleness_max"] == 6
+    assert (excluded["async/staleness_max"], excluded["async/staleness_mean"]) == (2, 1.5)
+    assert excluded["async/token_staleness_max"] == 2
+    # A failed rollout without rows trains in neither case.
+    rowless = replace(early_failure, rows=[])
+    lone = FinishedGroup(seq=1, data_index=1, outcomes=[rowless, _outcome([5])])
+    assert lone.staleness(6, exclude_failed=False) == 1
 
 
 @pytest.mark.parametrize(
