@@ -410,6 +410,10 @@ class RolloutResult:
     """Error text or traceback for failed rollouts."""
     elapsed_s: float = 0.0
     """Wall time from start to result."""
+    role_rewards: dict[str, float] = field(default_factory=dict)
+    """Per-role rewards the agent returned (``{policy name: finite reward}``); a policy's
+    turns then get that reward's group advantage instead of the rollout's (empty: every
+    turn gets the rollout's; docs/multi_agent.md)."""
 
     def __post_init__(self) -> None:
         if self.status is RolloutStatus.OK and (

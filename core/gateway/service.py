@@ -122,7 +122,8 @@ class Gateway:
         self.reasoning_parser_name, self._split_reasoning = get_reasoning_parser(
             self.config.reasoning_parser, self.renderer.template or ""
         )
-        self._sampler = _check_sampler(sampler)
+        self._samplers: dict[str, Sampler] = {self.policies.default: _check_sampler(sampler)}
+        """Each policy's sampler; a policy with none set samples with the default policy's."""
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, Session] = {}
         own = end_of_turn_ids(tokenizer, generation_config=generation_config)
@@ -141,17 +142,27 @@ class Gateway:
 
     @property
     def sampler(self) -> Sampler:
-        """The sampler new turns use."""
-        return self._sampler
+        """The sampler new turns of the default policy use."""
+        return self._samplers[self.policies.default]
+
+    def sampler_of(self, policy: str) -> Sampler:
+        """The sampler new turns of ``policy`` use (the default policy's until one is set)."""
+        return self._samplers.get(policy) or self._samplers[self.policies.default]
 
     def close_render_threads(self) -> None:
         """Stop the render threads (``PromptBuilder.close_threads``); a later large render
         starts them again."""
         self.prompts.close_threads()
 
-    def set_sampler(self, sampler: Sampler) -> None:
-        """Rebind after a weight sync; turns already in flight finish on the old sampler."""
-        self._sampler = _check_sampler(sampler)
+    def set_sampler(self, sampler: Sampler, *, policy: str | None = None) -> None:
+        """Rebind ``policy``'s turns (None: the default policy's) after a weight sync; turns
+        already in flight finish on the old sampler.
+
+        Raises:
+            ConfigError: ``policy`` is not one this gateway serves.
+        """
+        name = self.policies.default if policy is None else self.policies.check(policy)
+        self._samplers[name] = _check_sampler(sampler)
 
     def create_session(
         self,
@@ -334,7 +345,7 @@ class Gateway:
             seed = call_seed(params.seed, req.seed, call)
             if seed != params.seed:
                 params = dataclasses.replace(params, seed=seed)
-            result = await self._sample(s, prompt.tokens, params)
+            result = await self._sample(s, prompt, params)
             if s.closed:
                 raise session_closed(f"session {_redact(sid)} was finished while this turn was being generated")
             if result.finish_reason is FinishReason.ABORT:
@@ -352,11 +363,11 @@ class Gateway:
             raise
         return self._commit_turn(s, req, params, prompt, result)
 
-    async def _sample(self, s: Session, prompt: list[int], params: SamplingParams) -> SampleResult:
-        sampler = self._sampler  # in-flight turns keep the sampler they started on
+    async def _sample(self, s: Session, prompt: Prompt, params: SamplingParams) -> SampleResult:
+        sampler = self.sampler_of(prompt.policy)  # in-flight turns keep the sampler they started on
         s.in_flight += 1
         try:
-            result = await sampler.sample(prompt, params, session_id=s.id)
+            result = await sampler.sample(prompt.tokens, params, session_id=s.id)
         except (GatewayError, asyncio.CancelledError):
             raise
         except ContextLengthError as exc:

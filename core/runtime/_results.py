@@ -80,6 +80,32 @@ def _metrics(output: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def extract_role_rewards(output: dict[str, Any]) -> tuple[dict[str, float], str | None]:
+    """The agent's ``role_rewards`` (``{policy name: finite number}``), or an error naming
+    what is wrong with it; ``{}`` when the agent returned none. Which names are policies of
+    the run is checked by the loop, which knows them (``core.trainer.credit``)."""
+    raw = output.get("role_rewards")
+    if raw is None:
+        return {}, None
+    if not isinstance(raw, dict):
+        return {}, (
+            f"the agent's 'role_rewards' must map policy names to rewards, got {type(raw).__name__}; "
+            "return {'reward': <float>, 'role_rewards': {'<policy>': <float>, ...}}"
+        )
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        number = _finite_float(value)
+        if not isinstance(key, str) or number is None:
+            big = isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64
+            shown = f"an integer of {value.bit_length()} bits" if big else repr(value)
+            return {}, (
+                f"the agent's 'role_rewards' entry {key!r}: {shown:.200} must be a finite number "
+                "under a policy name"
+            )
+        out[key] = number
+    return out, None
+
+
 def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> RolloutResult:
     """Map a handler's return value (or a toolkit S3 error record) to a ``RolloutResult``."""
     if not isinstance(output, dict):
@@ -102,6 +128,9 @@ def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> Rollou
             rollout_id, RolloutStatus.REWARD_PENDING, metrics=_metrics(output), elapsed_s=elapsed_s
         )
     status, reward, error = extract_reward(output)
+    role_rewards, role_error = extract_role_rewards(output)
+    if status is RolloutStatus.OK and role_error is not None:
+        status, reward, error = RolloutStatus.INVALID_REWARD, None, role_error
     return RolloutResult(
         rollout_id,
         status,
@@ -109,6 +138,7 @@ def result_from_output(rollout_id: str, output: Any, elapsed_s: float) -> Rollou
         metrics=_metrics(output),
         error=error,
         elapsed_s=elapsed_s,
+        role_rewards=role_rewards if status is RolloutStatus.OK else {},
     )
 
 

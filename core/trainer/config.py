@@ -361,7 +361,7 @@ class TrainConfig:
     ``PolicyConfig`` once ``load_train_config`` has read it (the schema keeps a plain mapping:
     OmegaConf refuses ``+policies.<name>=...`` into a typed one). Empty: one policy,
     ``core.types.DEFAULT_POLICY``, as a run with no sub-agents needs. More than one needs a
-    backend that declares ``multi_policy`` (none does yet; docs/multi_agent.md)."""
+    backend that declares ``multi_policy`` (local; docs/multi_agent.md)."""
 
 
 def _section(node: Any, schema: type[_Section]) -> _Section:

@@ -34,8 +34,8 @@ def check_policy_support(policies: Sequence[str], spec: BackendSpec) -> None:
         raise ConfigError(
             f"policies configures {len(policies)} policies {list(policies)}, but backend {spec.name!r} "
             "trains one policy per run (its BackendSpec does not declare multi_policy=True); it would "
-            "train every policy's turns into one model. Keep at most one entry in policies; no backend "
-            "trains several policies yet (docs/multi_agent.md)"
+            "train every policy's turns into one model. Keep at most one entry in policies, or train on "
+            "a backend that declares it, such as backend=local (docs/multi_agent.md)"
         )
 
 

@@ -74,8 +74,9 @@ from core.trainer.guards import (
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
 from core.trainer.overrides import loss_sampling, mask_override_turns
 from core.trainer.parse_watch import ParseWatch
+from core.trainer.policies import PolicyBackends, check_policy_modes, policy_metrics
 from core.trainer.pool import PoolResume, PoolSize, RolloutPool, mask_stale_turns
-from core.trainer.signal import StepSignal, build_signal
+from core.trainer.signal import StepSignal, build_signal, check_role_rewards
 from core.trainer.source import (
     PoolSource,
     RolloutSource,
@@ -128,8 +129,14 @@ class Trainer:
 
         spec = self.plugins.backend(str(self.cfg.backend.name))
         check_policy_support(list(self.cfg.policies), spec)
-        self.backend = spec.factory(self.composed)
-        self._closers.append(self.backend.aclose)
+        check_policy_modes(list(self.cfg.policies), mode=self.t.mode, sampler=self.cfg.sampler.kind)
+        routes = policy_routes(self.cfg.policies)
+        backends: dict[str, Any] = {}
+        for name in routes.names:  # a backend per policy (one: today's run)
+            backends[name] = spec.factory(self.composed)
+            self._closers.append(backends[name].aclose)
+        self.policies = PolicyBackends(backends)
+        self.backend = self.policies.default
         self.fleet = build_fleet(self.composed, self.backend, self.run_dir)  # sampler=vllm|sglang
         if self.fleet is not None:
             self._closers.append(self.fleet.aclose)
@@ -138,8 +145,11 @@ class Trainer:
             sampler=self._sampler(),
             config=self.cfg.gateway,
             model_id=self.backend.model_id(),
-            policies=policy_routes(self.cfg.policies),
+            policies=routes,
         )
+        for name, backend in self.policies:
+            if name != routes.default:
+                self.gateway.set_sampler(backend.sampler, policy=name)
         await self._certify_template()
         stack = await start_rollout_stack(
             self.composed, self.gateway, model_id=self.backend.model_id(), plugins=self.plugins
@@ -265,13 +275,14 @@ class Trainer:
             token_mean_over=self.algo.token_mean_over,
         )
 
-    async def _train(self, datums: list[Datum]) -> dict[str, float]:
+    async def _train(self, datums: list[Datum], backend: Any) -> dict[str, float]:
+        """``forward_backward`` and ``optim_step`` of ``backend`` (one policy's) on ``datums``."""
         loss_config = dict(self.algo.loss_config)
         loss_config.setdefault("temperature", self.algo.temperature)
         if self.tis_cap:
             loss_config["tis_cap"] = self.tis_cap
-        result = await self.backend.forward_backward(datums, self.algo.loss, loss_config)
-        opt = await self.backend.optim_step(
+        result = await backend.forward_backward(datums, self.algo.loss, loss_config)
+        opt = await backend.optim_step(
             AdamParams(
                 learning_rate=self.algo.learning_rate,
                 beta1=self.algo.beta1,
@@ -307,8 +318,7 @@ class Trainer:
         data = self.order.state()
         path = checkpoint_dir(self.run_dir, self.step)
         path.mkdir(parents=True, exist_ok=True)
-        where = await self.backend.save_state(str(path / "backend"))
-        state: dict[str, Any] = {"step": self.step, "data": data, "backend_path": where}
+        state: dict[str, Any] = {"step": self.step, "data": data, **await self.policies.save(path / "backend")}
         if async_state is not None:
             state["async"] = async_state
         write_trainer_state(path, state)
@@ -341,8 +351,11 @@ class Trainer:
                 f"trainer.resume=true but {self.run_dir / 'checkpoints'} holds no complete "
                 "checkpoint; set run_dir to the run to resume"
             )
-        await self.backend.load_state(str(ckpt.state["backend_path"]))
+        await self.policies.load(ckpt.state)
         self.gateway.set_sampler(self._sampler())  # a fleet gets the restored weights in run()
+        for name, backend in self.policies:
+            if name != self.gateway.policies.default:
+                self.gateway.set_sampler(backend.sampler, policy=name)
         self.order.restore(ckpt.state["data"])
         self.step = ckpt.step
         self._resumed = resumed_pool(ckpt.state.get("async"), ckpt, mode=self.t.mode, batch_size=self.t.batch_size)
@@ -404,6 +417,8 @@ class Trainer:
         # failure guard see every finished rollout, not only the ones that train.
         n_trained = len(batch.outcomes)
         scored = await self.rewards.score([*batch.outcomes, *batch.untrained])
+        # role_rewards naming no policy of the run fail their rollout, saying so.
+        scored = check_role_rewards(scored, self.policies.names)
         outcomes, untrained = scored[:n_trained], scored[n_trained:]
         flow["time/reward"] = time.perf_counter() - t0
         version = int(self.backend.weight_version)  # the weights these outcomes train
@@ -422,6 +437,7 @@ class Trainer:
                 trainable, version, self.t.max_staleness_per_token
             )
         signal = self._signal(trainable)
+        versions = self.policies.versions()  # the weights each policy's outcomes train
         train_metrics = await self._update(signal, times)
         if self.fleet is not None:
             flow.update(self.fleet.metrics())
@@ -454,12 +470,15 @@ class Trainer:
             )
         )
         record.update(flow_metrics(outcomes, version, flow, step_time, exclude_failed=self.algo.exclude_failed))
+        if self.policies.several:
+            record.update(policy_metrics(outcomes, signal, versions, self.policies.versions()))
         record.update(component_metrics(outcomes))
         record.update(await self.traces.awrite_step(self.step, outcomes, signal.advantages, weight_version=version))
         return record
 
     async def _update(self, signal: StepSignal, times: StepTimes) -> dict[str, float]:
-        """Train on ``signal`` and serve the new weights, or skip a step without signal."""
+        """Train each policy on its datums in ``signal`` and serve its new weights; a policy
+        (the step, with one) without signal skips its update."""
         # Stable keys: a step without a learning signal reports NaN (null in JSON) and
         # skips the update: zero-advantage datums would still move the weights through
         # Adam's momentum and bump the weight version for nothing.
@@ -473,14 +492,36 @@ class Trainer:
         needs_no_advantage = self.algo.loss == "cross_entropy" or (
             float(self.algo.loss_config.get("entropy_coef", 0.0)) > 0
         )
-        if signal.has_signal or (signal.datums and needs_no_advantage):
+        trained: dict[str, dict[str, float]] = {}
+        for name, datums in signal.by_policy().items():
+            has_signal = any(a != 0.0 for d in datums for a in d.advantages)
+            if not (has_signal or (datums and needs_no_advantage)):
+                continue
+            backend = self.policies[name] if self.policies.several else self.backend
             t0 = time.perf_counter()
-            train_metrics.update(await self._train(signal.datums))
+            trained[name] = await self._train(datums, backend)
+            times.train += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if self.policies.several:
+                await backend.sync_sampler()
+                self.gateway.set_sampler(backend.sampler, policy=name)
+            else:
+                self.gateway.set_sampler(await self._sync())
+            times.sync += time.perf_counter() - t0
+        if not self.policies.several:
+            for metrics in trained.values():
+                train_metrics.update(metrics)
+                train_metrics["train/skipped"] = 0.0
+            return train_metrics
+        for name, metrics in trained.items():
+            train_metrics.update({f"policy/{name}/{k.split('/', 1)[1]}": v for k, v in metrics.items()})
+        if trained:
+            # The run's train/* over its policies: the mean loss, the largest logprob gap.
+            losses = [m["train/loss"] for m in trained.values() if "train/loss" in m]
+            gaps = [m["train/logprob_diff_max"] for m in trained.values() if "train/logprob_diff_max" in m]
+            train_metrics["train/loss"] = sum(losses) / len(losses) if losses else math.nan
+            train_metrics["train/logprob_diff_max"] = max(gaps) if gaps else math.nan
             train_metrics["train/skipped"] = 0.0
-            times.train = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            self.gateway.set_sampler(await self._sync())
-            times.sync = time.perf_counter() - t0
         return train_metrics
 
     def _emit(self, record: dict[str, Any], bar: Any) -> None:

@@ -16,6 +16,7 @@ import anthropic
 import openai
 import pytest
 
+from core.errors import ConfigError
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.policies import PolicyRoutes
 from core.rollout import RolloutOutcome
@@ -236,3 +237,26 @@ def test_traces_without_policies_read_as_the_default_policy() -> None:
     assert encode_turn(default) == [0, 3, "stop", 2]  # the default policy costs no bytes
     named = TurnSpan(0, 3, FinishReason.STOP, 2, policy="coder")
     assert decode_turn(encode_turn(named)) == named
+
+
+def test_each_policy_samples_with_its_own_sampler_and_weight_version(
+    make_routed: Callable[..., Harness], byte_tokenizer: Any
+) -> None:
+    """The trainer hands the gateway a sampler per policy (``set_sampler(..., policy=)``): a turn
+    is sampled by its policy's and records that policy's weight version."""
+    h = make_routed()
+    coder = ScriptedSampler(tokenizer=byte_tokenizer, weight_version=7)
+    h.call(h.gw.set_sampler, coder, policy="coder")
+    assert h.gw.sampler_of("coder") is coder and h.gw.sampler_of("planner") is h.sampler is h.gw.sampler
+    h.push("plan")
+    coder.push(h.reply("code"))
+    sid = h.session(history_mode="tree")
+    client = h.openai(sid)
+    planned = client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "a"}])
+    coded = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "a"}])
+    assert (planned.choices[0].message.content, coded.choices[0].message.content) == ("plan", "code")
+    assert len(h.sampler.calls) == len(coder.calls) == 1
+    rows = _finish(h, sid)
+    assert [(row.policy(), row.turns[0].weight_version) for row in rows] == [("planner", 0), ("coder", 7)]
+    with pytest.raises(ConfigError, match=r"unknown policy 'critic'"):
+        h.gw.set_sampler(coder, policy="critic")

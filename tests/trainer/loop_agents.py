@@ -134,3 +134,19 @@ async def offer_a_tool(payload: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"gateway answered HTTP {response.status_code}: {response.text[:500]}")
     reply = response.json()["choices"][0]["message"]["content"] or ""
     return {"reward": charwise_reward(reply, str(payload["answer"]))}
+
+
+two_roles_parity = AgentApp()
+
+
+@two_roles_parity.entrypoint
+async def two_roles_by_parity(payload: dict[str, Any]) -> dict[str, Any]:
+    """The two-role task's calls (``model`` up, then down), each reply scored by the parity
+    of its first character: a random model's replies vary, so every group has a signal."""
+    from core.tasks.two_roles import ROLES, _ask
+
+    roles = {}
+    for role in ROLES:
+        reply = await _ask(payload["_config"], role, int(payload["n"]))
+        roles[role] = float(ord(reply[0]) % 2) if reply else 0.0
+    return {"reward": sum(roles.values()) / len(roles), "role_rewards": roles}

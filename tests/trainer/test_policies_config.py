@@ -1,5 +1,6 @@
 """``policies`` in the run config: typed, checked, routed, and refused at start-up by every
-backend that does not declare ``multi_policy`` (all of them in this first slice)."""
+backend that does not declare ``multi_policy`` (all but local), and by the modes that serve one
+set of weights (``trainer.mode=async``, an inference-server fleet)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from core.plugins.manager import load_plugins
 from core.testing.build import compose_config
 from core.trainer.config import PolicyConfig, load_train_config, policy_routes
 from core.trainer.guards import check_policy_support
+from core.trainer.policies import check_policy_modes
 from core.types import DEFAULT_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,9 +77,11 @@ def _verl_spec() -> BackendSpec:
         sys.path.remove(str(ROOT / "plugins" / "verl"))
 
 
-def test_no_backend_declares_multi_policy_yet_and_each_refuses_two() -> None:
+def test_only_local_declares_multi_policy_and_every_other_backend_refuses_two() -> None:
     plugins = load_plugins()
-    specs = [plugins.backend(name) for name in ("local", "tinker", "sagemaker", "slime")] + [_verl_spec()]
+    assert plugins.backend("local").multi_policy is True
+    check_policy_support(["planner", "coder"], plugins.backend("local"))
+    specs = [plugins.backend(name) for name in ("tinker", "sagemaker", "slime")] + [_verl_spec()]
     for spec in specs:
         assert spec.multi_policy is False, spec.name
         check_policy_support(["solo"], spec)  # one policy is today's run
@@ -89,18 +93,27 @@ def test_no_backend_declares_multi_policy_yet_and_each_refuses_two() -> None:
         assert "['planner', 'coder']" in text and "multi_policy" in text and "docs/multi_agent.md" in text
 
 
+@pytest.mark.parametrize(
+    ("mode", "sampler", "message"),
+    [("async", "backend", "trainer.mode='async'"), ("sync", "sglang", "sampler='sglang' serves one set of weights")],
+)
+def test_several_policies_are_refused_where_one_set_of_weights_is_served(mode: str, sampler: str, message: str) -> None:
+    check_policy_modes(["solo"], mode=mode, sampler=sampler)
+    with pytest.raises(ConfigError, match=message):
+        check_policy_modes(["planner", "coder"], mode=mode, sampler=sampler)
+
+
 def test_a_backend_that_declares_multi_policy_passes() -> None:
     spec = BackendSpec(name="multi", kind="driven", factory=lambda cfg: None, config={}, multi_policy=True)
     check_policy_support(["planner", "coder"], spec)
 
 
-def test_core_train_refuses_two_policies_on_the_local_backend_before_anything_starts(
+def test_core_train_refuses_two_policies_in_async_mode_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from core.train import main
 
     run_dir = tmp_path / "run"
-    assert main(["backend=local", f"run_dir={run_dir}", *TWO]) != 0
-    assert "backend 'local' trains one policy per run" in capsys.readouterr().err
-    # Hydra wrote its own .hydra/ before the body ran; the run itself wrote nothing.
-    assert not (run_dir / "tracerl_run.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
+    assert main(["backend=local", f"run_dir={run_dir}", "trainer.mode=async", *TWO]) != 0
+    assert "does not train yet" in capsys.readouterr().err
+    assert not (run_dir / "metrics.jsonl").exists()

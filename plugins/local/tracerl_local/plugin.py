@@ -24,5 +24,8 @@ def tracerl_register_backends(registry: BackendRegistry) -> None:
             factory=_make_backend,
             config=LocalBackendConfig,
             description="torch on this machine (CPU or one GPU); tiny offline model by default",
+            # Several policies: core builds one LocalBackend per policy (its own model copy,
+            # optimizer, sampler and weight version; docs/multi_agent.md).
+            multi_policy=True,
         )
     )

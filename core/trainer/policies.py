@@ -1,0 +1,191 @@
+"""The trained policies of one run: a backend per policy, for backends that declare
+``multi_policy`` (docs/multi_agent.md).
+
+Defines:
+
+- ``PolicyBackends``: the run's policies by name, each with its own backend (weights,
+  optimizer state, sampler and weight version; the loop builds one with the backend's
+  factory per policy, so each starts from the same weights), saved and restored together;
+- ``check_policy_modes``: refuses settings that cannot serve several policies yet;
+- ``policy_metrics``: a step's ``policy/<name>/*`` metrics, and its staleness read against
+  each turn's own policy.
+
+Why a backend per policy: the loop's training primitives (``forward_backward``,
+``optim_step``, ``sync_sampler``, ``save_state``) already describe one policy, so a
+policy per role needs no new backend API, only one instance per role. One policy (a run
+without ``policies``) is exactly today's run: one backend, checkpointed where it always was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.errors import ConfigError
+from core.trainer.pool import oldest_version, token_staleness
+
+if TYPE_CHECKING:
+    from core.rollout import RolloutOutcome
+    from core.trainer.signal import StepSignal
+
+__all__ = ["PolicyBackends", "check_policy_modes", "policy_metrics"]
+
+
+def check_policy_modes(policies: Sequence[str], *, mode: str, sampler: str) -> None:
+    """Refuse several policies with ``trainer.mode=async`` or an inference-server fleet:
+    both still serve one set of weights (one staleness, one weight push)."""
+    if len(policies) <= 1:
+        return
+    if mode != "sync":
+        raise ConfigError(
+            f"policies configures {len(policies)} policies {list(policies)}, which trainer.mode={mode!r} "
+            "does not train yet (its staleness bound follows one weight version); use trainer.mode=sync "
+            "(docs/multi_agent.md)"
+        )
+    if sampler != "backend":
+        raise ConfigError(
+            f"policies configures {len(policies)} policies {list(policies)}, but sampler={sampler!r} serves "
+            "one set of weights; use sampler=backend, which samples each policy with its own weights "
+            "(docs/multi_agent.md)"
+        )
+
+
+class PolicyBackends:
+    """A backend per policy, by name; the first is the run's default policy.
+
+    With one policy this is the run's only backend, and its checkpoint is the backend's
+    own ``save_state`` directory, as before policies existed.
+    """
+
+    def __init__(self, backends: dict[str, Any]) -> None:
+        if not backends:
+            raise ConfigError("a run trains at least one policy")
+        self.backends = dict(backends)
+
+    @property
+    def default(self) -> Any:
+        """The first policy's backend (the gateway's tokenizer and model id come from it)."""
+        return next(iter(self.backends.values()))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.backends)
+
+    @property
+    def several(self) -> bool:
+        return len(self.backends) > 1
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.backends.items())
+
+    def __getitem__(self, name: str) -> Any:
+        return self.backends[name]
+
+    def versions(self) -> dict[str, int]:
+        """Each policy's weight version."""
+        return {name: int(b.weight_version) for name, b in self.backends.items()}
+
+    async def save(self, path: Path) -> dict[str, Any]:
+        """Save every policy under ``path``; returns the checkpoint state's backend entries.
+
+        One policy: ``{"backend_path": ...}`` (its ``save_state`` directory is ``path``).
+        Several: each in ``path/<name>``, ``backend_path`` is ``path`` (so the checkpoint's
+        file sizes cover them all) and ``policies`` maps each name to its directory.
+        """
+        if not self.several:
+            return {"backend_path": await self.default.save_state(str(path))}
+        where = {name: await b.save_state(str(path / name)) for name, b in self.backends.items()}
+        return {"backend_path": str(path), "policies": where}
+
+    async def load(self, state: dict[str, Any]) -> None:
+        """Restore what ``save`` wrote into a checkpoint's ``state``.
+
+        Raises:
+            ConfigError: the checkpoint holds other policies than this run configures.
+        """
+        saved = state.get("policies")
+        names = sorted(saved) if isinstance(saved, dict) else None
+        if not self.several:
+            if names is not None and len(names) > 1:
+                raise ConfigError(
+                    f"the checkpoint holds policies {names}, but this run trains one; resume with the "
+                    "same policies configured (+policies.<name>={} for each; docs/multi_agent.md)"
+                )
+            path = saved[names[0]] if saved and names else state["backend_path"]
+            await self.default.load_state(str(path))
+            return
+        if names != sorted(self.backends):
+            found = names if names is not None else "one policy"
+            raise ConfigError(
+                f"the checkpoint holds {found}, but this run configures policies {sorted(self.backends)}; "
+                "resume with the policies the run was started with (docs/multi_agent.md)"
+            )
+        assert isinstance(saved, dict)
+        for name, backend in self.backends.items():
+            await backend.load_state(str(saved[name]))
+
+
+def _policy_rows(outcomes: Sequence[RolloutOutcome], policy: str) -> list[RolloutOutcome]:
+    """``outcomes`` that have rows of ``policy``, each with only those rows."""
+    out = []
+    for o in outcomes:
+        rows = [r for r in o.rows if r.policy() == policy]
+        if rows:
+            out.append(replace(o, rows=rows))
+    return out
+
+
+def policy_metrics(
+    outcomes: Sequence[RolloutOutcome],
+    signal: StepSignal,
+    before: Mapping[str, int],
+    after: Mapping[str, int],
+) -> dict[str, float]:
+    """``policy/<name>/*`` of one step, for every policy (NaN where it had nothing):
+
+    - ``reward``: mean over the ``ok`` rollouts with a turn of the policy, of the rollout's
+      role reward for it when it returned one, else of its reward; ``rollouts`` counts them;
+    - ``turns`` its turns, ``tokens`` its trained tokens (loss weight);
+    - ``staleness_mean`` / ``staleness_max``: optimizer steps of the policy between the weights
+      that sampled each of its trained tokens and those it trained (``before``);
+    - ``weight_version`` after the step (``after``).
+
+    It also gives the step's ``async/token_staleness_*`` and ``async/staleness_*`` (per rollout,
+    its oldest token's) read against each turn's own policy (the loop's single-version ones compare every turn with the
+    default policy's version).
+    """
+    out: dict[str, float] = {}
+    tokens: dict[str, float] = {}
+    for datum, policy in zip(signal.datums, signal.policies, strict=True):
+        tokens[policy] = tokens.get(policy, 0.0) + sum(datum.weights)
+    ok = [o for o in outcomes if o.ok]
+    total = count = most = 0.0
+    ages: dict[str, int] = {}
+    for name, version in before.items():
+        mine = _policy_rows(ok, name)
+        for o in mine:
+            oldest = oldest_version([o])
+            if oldest is not None:
+                rid = o.request.rollout_id
+                ages[rid] = max(version - oldest, ages.get(rid, 0), 0)
+        rewards = [o.result.role_rewards.get(name, float(o.result.reward or 0.0)) for o in mine]
+        mean, worst = token_staleness(mine, version)
+        trained = sum(sum(r.loss_mask) for o in mine for r in o.rows)
+        total, count, most = total + mean * trained, count + trained, max(most, worst)
+        out.update({
+            f"policy/{name}/reward": sum(rewards) / len(rewards) if rewards else math.nan,
+            f"policy/{name}/rollouts": float(len(mine)),
+            f"policy/{name}/turns": float(sum(len(r.turns) for o in mine for r in o.rows)),
+            f"policy/{name}/tokens": tokens.get(name, 0.0),
+            f"policy/{name}/staleness_mean": mean if mine else math.nan,
+            f"policy/{name}/staleness_max": float(worst) if mine else math.nan,
+            f"policy/{name}/weight_version": float(after[name]),
+        })
+    out["async/token_staleness_mean"] = total / count if count else 0.0
+    out["async/token_staleness_max"] = most
+    out["async/staleness_mean"] = sum(ages.values()) / len(ages) if ages else 0.0
+    out["async/staleness_max"] = max(ages.values(), default=0)
+    return out
