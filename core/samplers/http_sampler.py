@@ -454,8 +454,8 @@ class HttpSampler:
     ) -> SampleResult:
         if self._closed:
             raise SamplerError(f"the {self.protocol} sampler is closed; build a new one")
-        while self._held is not None:  # a push is aborting the running requests: wait for it
-            await asyncio.shield(self._held)
+        while self._held is not None and self._held.get_loop() is asyncio.get_running_loop():
+            await asyncio.shield(self._held)  # a push is aborting the running requests: wait for it
         rid = "tracerl-" + secrets.token_hex(12)
         version = self.weight_version
         path, body = self._request(prompt, params, rid)
