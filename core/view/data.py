@@ -3,9 +3,10 @@
 ``RunData`` answers three questions, each a JSON-able dict: the run's overview
 (``metrics.jsonl`` plus which steps have traces), one stored step's rollouts in
 summary (with how many of each rollout's turns ended in each tool-call parse
-status, ``core.types.ParseStatus``), and one rollout in full (rows with every
-token's id, text, mask and logprob, each turn's parse status and, for a turn a
-weight update interrupted, its segments). Trace files are re-read when they change on disk, so a page refresh
+status, ``core.types.ParseStatus``, and how many each policy generated), and one
+rollout in full (rows with every token's id, text, mask and logprob, the row's
+policy, each turn's parse status and, for a turn a weight update interrupted, its
+segments). Trace files are re-read when they change on disk, so a page refresh
 sees the steps a running training wrote since.
 """
 
@@ -53,6 +54,18 @@ def parse_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
             if status is not None:
                 counts[status.value] = counts.get(status.value, 0) + 1
     return {s.value: counts[s.value] for s in ParseStatus if s.value in counts}
+
+
+def policy_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of a stored rollout's turns each policy generated (``TurnSpan.policy``),
+    by policy name; a turn forked rows share is counted once, as in ``parse_counts``."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        shared = int((row.get("metadata") or {}).get("shared_turns", 0) or 0)
+        for stored in row.get("turns", [])[shared:]:
+            policy = decode_turn(stored).policy
+            counts[policy] = counts.get(policy, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _stored_versions(turn: Sequence[Any]) -> list[int]:
@@ -203,6 +216,7 @@ class RunData:
                     "interrupted_turns": interrupted,
                     "truncated": any(bool((x.get("metadata") or {}).get("truncated")) for x in rows),
                     "parse": parse_counts(rows),
+                    "policies": policy_counts(rows),
                     "error": error.strip().splitlines()[-1][:300] if error.strip() else "",
                 }
             )
@@ -236,6 +250,7 @@ class RunData:
                     "turns": [[t.start, t.end, str(t.finish_reason), t.weight_version] for t in row.turns],
                     "segments": [[[g.start, g.end, g.weight_version] for g in t.segments] for t in row.turns],
                     "metadata": row.metadata,
+                    "policy": row.policy(),
                     "parse": [_parse_of(t) for t in row.turns],
                 }
             )

@@ -331,3 +331,68 @@ def test_a_turn_a_weight_update_interrupted_is_marked_with_each_version(browser:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_each_turns_policy_is_shown_and_filters_the_step(browser: Any, tmp_path: Path) -> None:
+    """A step whose turns come from two policies (#34): the step view counts each rollout's
+    turns per policy and its policy filter keeps the rollouts with a turn of that policy;
+    the rollout view names the policy of each generated turn and of each row."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from .policy_step import write_policy_step
+
+    write_policy_step(tmp_path)
+    server = ViewServer(tmp_path, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/step/train/1")
+        main = _wait_view(browser, "step")
+        shown = lambda: sorted(r.get_attribute("data-rollout") for r in main.find_elements(By.CSS_SELECTOR, "tr[data-rollout]"))  # noqa: E731
+        policies = lambda rid: [b.text for b in main.find_elements(By.CSS_SELECTOR, f'tr[data-rollout="{rid}"] td.policy .badge')]  # noqa: E731
+        assert shown() == ["r-both", "r-coder", "r-planner"]
+        assert policies("r-both") == ["coder 1", "planner 1"] and policies("r-planner") == ["planner 2"]
+        assert "policies (turns)" in [th.text for th in main.find_elements(By.CSS_SELECTOR, "thead th")]
+        select = Select(main.find_element(By.ID, "filter-policy"))
+        assert [o.text for o in select.options] == ["all policies", "coder (2)", "planner (2)"]
+        select.select_by_value("coder")
+        main = _wait_view(browser, "step")
+        assert shown() == ["r-both", "r-coder"] and main.find_element(By.ID, "shown").text.startswith("2 of 3")
+        browser.save_screenshot(str(tmp_path / "policy_filter.png"))
+        Select(main.find_element(By.ID, "filter-policy")).select_by_value("planner")
+        assert shown() == ["r-both", "r-planner"]
+        Select(main.find_element(By.ID, "filter-policy")).select_by_value("all")
+        assert len(shown()) == 3
+
+        main.find_element(By.CSS_SELECTOR, 'tr[data-rollout="r-both"]').click()
+        main = _wait_view(browser, "rollout")
+        heads = main.find_elements(By.CSS_SELECTOR, '#conversation .msg[data-role="assistant"] .role [data-policy]')
+        assert [b.get_attribute("textContent") for b in heads] == ["policy: planner", "policy: coder"]
+        rows = main.find_elements(By.CSS_SELECTOR, ".rowhead [data-policy]")
+        assert [b.text for b in rows] == ["policy: planner", "policy: coder"]
+        browser.save_screenshot(str(tmp_path / "policy_rollout.png"))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_run_without_policies_shows_no_policy_column_or_filter(browser: Any, tmp_path: Path) -> None:
+    """Every turn of the default policy: the step view stays as it was (no column, no filter)."""
+    from selenium.webdriver.common.by import By
+
+    from .parse_step import write_parse_step
+
+    write_parse_step(tmp_path)
+    server = ViewServer(tmp_path, "127.0.0.1", 0)
+    server.start_background()
+    try:
+        browser.get("about:blank")
+        browser.get(f"{server.url}#/step/train/1")
+        main = _wait_view(browser, "step")
+        assert len(main.find_elements(By.CSS_SELECTOR, "tr[data-rollout]")) == 3
+        assert not main.find_elements(By.ID, "filter-policy") and not main.find_elements(By.CSS_SELECTOR, "td.policy")
+        assert "policies (turns)" not in [th.text for th in main.find_elements(By.CSS_SELECTOR, "thead th")]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -16,6 +16,7 @@ import pytest
 from core.errors import ConfigError
 from core.rundir.metrics import read_metrics
 from core.rundir.traces import list_traces, read_traces, rows_of, trace_path
+from core.types import DEFAULT_POLICY
 from core.view.__main__ import main as view_main
 from core.view.data import RunData
 from core.view.server import ViewServer
@@ -327,3 +328,37 @@ def test_a_turn_a_weight_update_interrupted_shows_its_segments_over_http(tmp_pat
     assert row["logprobs"][start:end] == [-0.5] * SPLIT + [-2.0] * (end - start - SPLIT)
     (node,) = [n for n in rollout["conversation"] if n["turn"] is not None]
     assert node["weight_version"] == OLD and node["weight_versions"] == [OLD, NEW]
+
+
+def test_policies_in_the_step_summary_and_the_rollout_over_http(tmp_path: Path) -> None:
+    """Each rollout's turns counted by the policy that generated them; each row's policy (a
+    row never mixes policies) and each generated conversation node's (#34)."""
+    from .policy_step import POLICIES, write_policy_step
+
+    write_policy_step(tmp_path)
+    with _serving(tmp_path) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("GET", "/api/step?kind=train&step=1")
+        step = json.loads(conn.getresponse().read())
+        conn.request("GET", "/api/rollout?kind=train&step=1&id=r-both")
+        rollout = json.loads(conn.getresponse().read())
+        conn.close()
+    assert {r["rollout_id"]: r["policies"] for r in step["rollouts"]} == {
+        "r-both": {"coder": 1, "planner": 1}, "r-planner": {"planner": 2}, "r-coder": {"coder": 1},
+    }
+    assert [row["policy"] for row in rollout["rows"]] == ["planner", "coder"]
+    assert [n["policy"] for n in rollout["conversation"] if n["turn"] is not None] == POLICIES["r-both"]
+
+
+def test_a_run_without_policies_counts_its_turns_under_the_default_one(tmp_path: Path) -> None:
+    """Traces of a run that configures no policies (and older ones, which store none) give
+    every turn the default policy, so the viewer shows no policy column or filter."""
+    from .parse_step import STATUSES, write_parse_step
+
+    write_parse_step(tmp_path)
+    data = RunData(tmp_path)
+    step = data.step("train", 1)
+    assert {r["rollout_id"]: r["policies"] for r in step["rollouts"]} == {
+        rid: {DEFAULT_POLICY: len(statuses)} for rid, statuses in STATUSES.items()
+    }
+    assert [row["policy"] for row in data.rollout("train", 1, "r-json")["rows"]] == [DEFAULT_POLICY]

@@ -19,7 +19,9 @@
   let RUN = null;
   let pollTimer = null;
   let explorerKey = '';
-  const stepState = { status: 'all', parse: 'all', min: '', max: '', sort: 'prompt', grouped: true };
+  const stepState = { status: 'all', parse: 'all', policy: 'all', min: '', max: '', sort: 'prompt', grouped: true };
+  // The policy of a run that configures none (core.types.DEFAULT_POLICY): not shown alone.
+  const DEFAULT_POLICY = 'default';
 
   // ---------------------------------------------------------------- helpers
   function h(tag, attrs, ...kids) {
@@ -53,6 +55,12 @@
     if (want === 'all') return true;
     if (want === 'failed') return Object.keys(seen).some((s) => PARSE_FAILED.has(s));
     return (seen[want] || 0) > 0;
+  }
+  function policyBadge(name, label) {
+    return h('span', { class: 'badge policy', 'data-policy': name }, label || 'policy: ' + name);
+  }
+  function hasPolicy(r, want) {
+    return want === 'all' || ((r.policies || {})[want] || 0) > 0;
   }
   function heat(p) {
     const hue = Math.round(120 * Math.max(0, Math.min(1, p)));
@@ -312,6 +320,13 @@
       parseSeen.some((s) => PARSE_FAILED.has(s)) ? h('option', { value: 'failed' }, `any failed (${parseCount('failed')})`) : null,
       parseSeen.map((s) => h('option', { value: s }, `${s} (${parseCount(s)})`)));
     parseSel.value = parseSeen.includes(stepState.parse) || (stepState.parse === 'failed' && parseSeen.some((s) => PARSE_FAILED.has(s))) ? stepState.parse : 'all';
+    // Filter by the policy that generated any of a rollout's turns (#34), shown when the step
+    // has a policy other than the default one.
+    const policySeen = [...new Set(data.rollouts.flatMap((r) => Object.keys(r.policies || {})))].sort();
+    const showPolicies = policySeen.some((p) => p !== DEFAULT_POLICY);
+    const policySel = h('select', { id: 'filter-policy' }, h('option', { value: 'all' }, 'all policies'),
+      policySeen.map((p) => h('option', { value: p }, `${p} (${data.rollouts.filter((r) => hasPolicy(r, p)).length})`)));
+    policySel.value = policySeen.includes(stepState.policy) ? stepState.policy : 'all';
     minIn.value = stepState.min; maxIn.value = stepState.max; sortSel.value = stepState.sort; groupBox.checked = stepState.grouped;
     const num = (x, dflt) => (isNum(x) ? x : dflt);
     const sorters = {
@@ -330,6 +345,7 @@
       h('td', { class: 'num' }, fmt(r.advantage)),
       h('td', { class: 'num' }, String(r.turns)),
       h('td', { class: 'parse' }, PARSE_ORDER.filter((s) => hasParse(r, s)).map((s) => [parseBadge(s, null, `${s} ${r.parse[s]}`), ' '])),
+      showPolicies ? h('td', { class: 'policy' }, Object.entries(r.policies || {}).map(([p, c]) => [policyBadge(p, `${p} ${c}`), ' '])) : null,
       h('td', { class: 'num' }, String(r.rows)),
       h('td', { class: 'num' }, `${fmtInt(r.trained)} / ${fmtInt(r.tokens)}`),
       h('td', { class: 'num weights' }, r.weight_versions.map((v) => 'v' + v).join(' '),
@@ -338,14 +354,17 @@
           ? h('span', { class: 'muted', title: `sampled with weights up to ${data.weight_version - r.weight_versions[0]} versions older than the step trained (v${data.weight_version})` }, ` −${data.weight_version - r.weight_versions[0]}`) : null),
       h('td', { class: 'num' }, fmt(r.elapsed_s, 2) + ' s'),
       h('td', { class: 'mono' }, r.truncated ? h('span', { class: 'badge info' }, 'truncated') : null, ' ', short(r.error || '', 140)));
-    const head = () => h('thead', {}, h('tr', {}, ['#', 'status', 'reward', 'advantage', 'turns', 'tool-call parses', 'rows', 'tokens trained / all', 'weights', 'duration', 'notes, error'].map((c, i) => h('th', { class: i === 1 || i === 5 || i === 10 ? '' : 'num' }, c))));
+    const columns = ['#', 'status', 'reward', 'advantage', 'turns', 'tool-call parses', showPolicies ? 'policies (turns)' : null, 'rows', 'tokens trained / all', 'weights', 'duration', 'notes, error'].filter((c) => c !== null);
+    const textColumns = new Set(['status', 'tool-call parses', 'policies (turns)', 'notes, error']);
+    const head = () => h('thead', {}, h('tr', {}, columns.map((c) => h('th', { class: textColumns.has(c) ? '' : 'num' }, c))));
     const draw = () => {
-      Object.assign(stepState, { status: statusSel.value, parse: parseSel.value, min: minIn.value, max: maxIn.value, sort: sortSel.value, grouped: groupBox.checked });
+      Object.assign(stepState, { status: statusSel.value, parse: parseSel.value, policy: policySel.value, min: minIn.value, max: maxIn.value, sort: sortSel.value, grouped: groupBox.checked });
       const lo = minIn.value === '' ? -Infinity : Number(minIn.value);
       const hi = maxIn.value === '' ? Infinity : Number(maxIn.value);
       const index = new Map(data.rollouts.map((r, i) => [r.rollout_id, i]));
       const keep = data.rollouts.filter((r) => (statusSel.value === 'all' || r.status === statusSel.value)
         && hasParse(r, parseSel.value)
+        && hasPolicy(r, policySel.value)
         && ((minIn.value === '' && maxIn.value === '') || (isNum(r.reward) && r.reward >= lo && r.reward <= hi)));
       const sorted = keep.slice().sort((a, b) => sorters[sortSel.value](a, b) || index.get(a.rollout_id) - index.get(b.rollout_id));
       const shown = h('p', { class: 'muted', id: 'shown' }, `${keep.length} of ${data.rollouts.length} rollouts`);
@@ -367,7 +386,7 @@
       }
       listBox.replaceChildren(shown, ...boxes);
     };
-    for (const el of [statusSel, parseSel, sortSel, groupBox]) el.addEventListener('change', draw);
+    for (const el of [statusSel, parseSel, policySel, sortSel, groupBox]) el.addEventListener('change', draw);
     for (const el of [minIn, maxIn]) el.addEventListener('input', draw);
     draw();
     const summary = h('div', { class: 'cards' },
@@ -379,7 +398,7 @@
       navLinks,
       data.partial ? h('p', { class: 'note' }, 'This trace file is cut short (still being copied, or damaged): the rollouts before the cut are shown.') : null,
       summary,
-      h('div', { class: 'controls' }, h('label', {}, 'status '), statusSel, parseSeen.length ? [h('label', {}, 'tool-call parse '), parseSel] : null, h('label', {}, 'reward from '), minIn, h('label', {}, 'to '), maxIn, h('label', {}, 'sort '), sortSel, h('label', {}, groupBox, ' group by prompt')),
+      h('div', { class: 'controls' }, h('label', {}, 'status '), statusSel, parseSeen.length ? [h('label', {}, 'tool-call parse '), parseSel] : null, showPolicies ? [h('label', {}, 'policy '), policySel] : null, h('label', {}, 'reward from '), minIn, h('label', {}, 'to '), maxIn, h('label', {}, 'sort '), sortSel, h('label', {}, groupBox, ' group by prompt')),
       listBox);
   }
 
@@ -397,6 +416,7 @@
       const head = h('div', { class: 'role' }, role);
       if (node.turn !== null && node.turn !== undefined) head.append(h('span', { class: 'badge info' }, `turn ${node.turn + 1}`), weightsBadge(node), h('span', { class: 'badge' }, String(node.finish_reason)));
       if (node.parse) head.append(parseBadge(node.parse, node.parse_detail, 'parse: ' + node.parse));
+      if (node.policy) head.append(policyBadge(node.policy));
       if (m.name) head.append(h('span', { class: 'mono' }, String(m.name)));
       if (m.tool_call_id) head.append(h('span', { class: 'mono muted' }, String(m.tool_call_id)));
       const box = h('div', { class: 'msg ' + role.replace(/[^a-z]/g, ''), 'data-role': role }, head);
@@ -442,6 +462,7 @@
         return h('span', { class: 'badge info' + (segs.length > 1 ? ' segmented' : '') }, `turn ${k + 1}: ${s}–${e} · ${vs} · ${fin}`);
       }),
       (row.parse || []).map((p, k) => (p ? parseBadge(p.status, p.detail, `turn ${k + 1} parse: ${p.status}`) : null)),
+      row.policy && row.policy !== DEFAULT_POLICY ? policyBadge(row.policy) : null,
       row.metadata && row.metadata.truncated ? h('span', { class: 'badge bad' }, 'truncated') : null);
     const buckets = Math.min(n, 1200);
     const strip = h('svg:svg', { class: 'strip', viewBox: `0 0 ${Math.max(1, buckets)} 10`, preserveAspectRatio: 'none' });
