@@ -6,6 +6,11 @@ commands meant to run on CPU run for real, in a fresh directory for the
 bring-your-own-agent section (its files are taken from the page), from the
 repository root for the examples, and their output must look like what the
 page shows. The real-model command composes only (no model is on disk here).
+
+docs/eval.md, docs/real_models.md and docs/samplers.md: every command of their
+console blocks is listed in ``PAGE_COMMANDS`` (a new one fails until it is) as
+run here (with what is substituted said beside it), composed only, or not run
+(and why); ``test_page_commands_run`` runs the runnable ones in page order.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +69,10 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def _run(command: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(command: str, cwd: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, *shlex.split(command)[1:], *extra]
     return subprocess.run(
-        argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300, check=False
+        argv, cwd=cwd, env={**_env(), **(env or {})}, capture_output=True, text=True, timeout=300, check=False
     )
 
 
@@ -262,3 +268,203 @@ def test_local_backend_page_names_the_metric_keys_a_run_writes(tmp_path: Path) -
     records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     written = {key for r in records for key in r}
     assert documented <= written, sorted(documented - written)
+
+
+# -- docs/eval.md, docs/real_models.md, docs/samplers.md: every command run or accounted for ----
+
+
+@dataclass(frozen=True)
+class PageCommand:
+    """How one command of a docs page is checked here."""
+
+    how: str
+    """``run`` (by ``test_page_commands_run``), ``composed`` (its config only) or ``not run``."""
+    why: str
+    """What a run substitutes or cuts, or why the command is not run."""
+    replace: tuple[tuple[str, str], ...] = ()
+    """Text of the command replaced before it runs or composes (``{name}``: the test's paths)."""
+    append: tuple[str, ...] = ()
+    """Overrides added after the command: cuts (steps, rows) and where it writes."""
+    makes: str = ""
+    """A file the run must leave, relative to its working directory."""
+
+
+EVAL_CUT = ("eval.limit=4", "eval.progress=false", "runtime.num_processes=1")
+TRAIN_CUT = ("trainer.max_steps=1", "trainer.batch_size=2", "trainer.group_size=2",
+             "trainer.eval_every=0", "trainer.progress=false")
+TASK_ARGS = "task=custom task.agent=my_agent:app task.train_path=data/train.jsonl"
+SCRIPTED = "a scripted OpenAI-compatible server on loopback (tests/eval/scripted_openai.py; no network here)"
+TINY = "{model}: the tiny model as a Hugging Face directory (export_model of a fresh local backend)"
+NO_GPU = "needs a GPU and vLLM/SGLang, neither of which is here"
+FLEET = "needs a vLLM/SGLang server on a GPU; tests/trainer/test_fleet.py trains through stand-in servers (marker long)"
+
+PAGE_COMMANDS: dict[str, dict[str, PageCommand]] = {
+    "docs/eval.md": {
+        "python -m core.eval eval.checkpoint=RUN_DIR": PageCommand(
+            "run", "RUN_DIR: a 2-step run of the embedded task; 4 eval rows",
+            (("RUN_DIR", "{run}"),), ("eval.output_dir=trained", *EVAL_CUT), "trained/summary.json"),
+        "python -m core.eval eval.checkpoint=outputs/.../checkpoints/step_000050": PageCommand(
+            "run", "that run's step_000002; 4 eval rows",
+            (("outputs/.../checkpoints/step_000050", "{run}/checkpoints/step_000002"),),
+            ("eval.output_dir=step2", *EVAL_CUT), "step2/summary.json"),
+        "python -m core.eval": PageCommand(
+            "run", "4 eval rows", (), ("eval.output_dir=base", *EVAL_CUT), "base/summary.json"),
+        "python -m core.eval eval.endpoint=https://api.openai.com/v1 eval.model=gpt-4o-mini": PageCommand(
+            "run", f"{SCRIPTED} for api.openai.com, a made-up OPENAI_API_KEY; 4 eval rows",
+            (("https://api.openai.com/v1", "{endpoint}"),), ("eval.output_dir=hosted", *EVAL_CUT),
+            "hosted/summary.json"),
+        "python -m core.eval eval.samples_per_prompt=8 eval.temperature=1.0 reward=math": PageCommand(
+            "run", "2 eval rows (16 rollouts)", (),
+            ("eval.output_dir=math", "eval.limit=2", "eval.progress=false", "runtime.num_processes=1"),
+            "math/summary.json"),
+        "python -m core.eval compare base/results.jsonl trained/results.jsonl": PageCommand(
+            "run", "as written, on the evaluations of the base model and of the run above"),
+        'python -m core.train reward=judge reward.endpoint=https://api.openai.com/v1 reward.model=gpt-4o-mini '
+        """'reward.rubric="Full marks for a correct, short answer"'""": PageCommand(
+            "run", f"{SCRIPTED} as the judge (0.5 for every trajectory); one step of 2x2 rollouts",
+            (("https://api.openai.com/v1", "{endpoint}"),), (*TRAIN_CUT, "run_dir=judged"), "judged/metrics.jsonl"),
+        """curl -X POST http://<gateway>/admin/rollouts/<rollout_id>/reward -H "Authorization: Bearer <admin token>" -d '{"reward": 0.7}'""": PageCommand(
+            "not run", "needs a rollout waiting for its reward: tests/gateway/test_admin_and_bad_input.py "
+            "posts to this route, tests/rewards/test_reward_plugins.py waits for late rewards in a loop"),
+    },
+    "docs/real_models.md": {
+        f"python -m core.train {TASK_ARGS} backend.model=/models/Qwen3-0.6B algorithm.max_tokens=512 "
+        "gateway.max_context_tokens=8192 trainer.batch_size=8 trainer.group_size=8": PageCommand(
+            "run", f"{TINY} for Qwen3-0.6B, the quickstart's agent and data; one step of 2x2 rollouts",
+            (("/models/Qwen3-0.6B", "{model}"),), (*TRAIN_CUT, "run_dir=outputs/my-run"),
+            "outputs/my-run/metrics.jsonl"),
+        "pip install -e 'plugins/local[lora]'": PageCommand(
+            "not run", "installs into this environment; the test extra installs peft (imported before the LoRA run)"),
+        "python -m core.train ... backend.model=/models/Qwen3-4B backend.lora.enabled=true "
+        "backend.lora.rank=16 backend.lora.alpha=32": PageCommand(
+            "run", f"`...`: the command above's task; {TINY} for Qwen3-4B; one step of 2x2 rollouts",
+            (("...", TASK_ARGS), ("/models/Qwen3-4B", "{model}")), (*TRAIN_CUT, "run_dir=outputs/my-lora-run"),
+            "outputs/my-lora-run/metrics.jsonl"),
+        "python -m core.export outputs/my-run exported/my-agent": PageCommand(
+            "run", "as written, on the first run above", makes="exported/my-agent/model.safetensors"),
+        "python -m core.export outputs/my-run/checkpoints/step_000200 exported/step200": PageCommand(
+            "run", "step_000001, the run's one checkpoint",
+            (("step_000200", "step_000001"),), makes="exported/step200/model.safetensors"),
+        "python -m core.export outputs/my-run exported/my-adapter --adapter": PageCommand(
+            "run", "outputs/my-run: the LoRA run above", (("outputs/my-run", "outputs/my-lora-run"),),
+            makes="exported/my-adapter/adapter_model.safetensors"),
+        "python -m core.export outputs/my-run exported/my-agent-cpu backend.device=cpu": PageCommand(
+            "run", "as written", makes="exported/my-agent-cpu/model.safetensors"),
+        "vllm serve exported/my-agent --served-model-name my-agent --max-model-len 8192 "
+        "--enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3": PageCommand("not run", NO_GPU),
+        "python -m sglang.launch_server --model-path exported/my-agent --served-model-name my-agent "
+        "--context-length 8192 --tool-call-parser qwen25 --reasoning-parser qwen3": PageCommand("not run", NO_GPU),
+        "vllm serve /models/Qwen3-4B --enable-lora --max-lora-rank 16 --lora-modules my-agent=exported/my-adapter":
+            PageCommand("not run", NO_GPU),
+        "python -m sglang.launch_server --model-path /models/Qwen3-4B --enable-lora --max-lora-rank 16 "
+        "--lora-paths my-agent=exported/my-adapter": PageCommand("not run", NO_GPU),
+    },
+    "docs/samplers.md": {
+        "VLLM_SERVER_DEV_MODE=1 vllm serve /models/Qwen3-4B --port 8000 --logprobs-mode processed_logprobs "
+        "--max-model-len 8192 --gpu-memory-utilization 0.45": PageCommand("not run", NO_GPU),
+        "python -m core.train backend.model=/models/Qwen3-4B backend.device=cuda:0 sampler=vllm "
+        "sampler.urls='[http://127.0.0.1:8000]' algorithm.max_tokens=1024 gateway.max_context_tokens=8192 "
+        "+gateway.chat_template_kwargs.enable_thinking=false": PageCommand("composed", FLEET),
+        "python -m sglang.launch_server --model-path /models/Qwen3-4B --port 30000 --context-length 8192 "
+        "--mem-fraction-static 0.45": PageCommand("not run", NO_GPU),
+        "python -m core.train backend.model=/models/Qwen3-4B backend.device=cuda:0 sampler=sglang "
+        "sampler.urls='[http://127.0.0.1:30000]' algorithm.max_tokens=1024 gateway.max_context_tokens=8192 "
+        "+gateway.chat_template_kwargs.enable_thinking=false": PageCommand("composed", FLEET),
+    },
+}
+"""Every command of these pages' console and bash blocks, in the order a run needs them."""
+
+
+def _page_commands(page: str) -> list[str]:
+    """A page's console/bash commands: continuation lines joined, spaces collapsed, comments dropped."""
+    text = (ROOT / page).read_text()
+    commands = []
+    for block in _blocks(text, "console") + _blocks(text, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = " ".join(line.split("  #")[0].split())
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
+def _as_run(command: str, how: PageCommand, paths: dict[str, str]) -> str:
+    for old, new in how.replace:
+        command = command.replace(old, new.format(**paths))
+    return command
+
+
+def test_every_page_command_is_run_or_accounted_for() -> None:
+    """A new command on these pages fails here until PAGE_COMMANDS says how it is checked; every
+    ``core.train``/``core.eval`` one that is run or composed composes (substitutions applied)."""
+    paths = {"run": "/tmp/run", "model": "/tmp/model", "endpoint": "http://127.0.0.1:9/v1"}
+    for page, listed in PAGE_COMMANDS.items():
+        on_page = _page_commands(page)
+        assert sorted(set(on_page) - set(listed)) == [], f"{page}: commands not in PAGE_COMMANDS"
+        assert sorted(set(listed) - set(on_page)) == [], f"{page}: PAGE_COMMANDS lists commands gone from the page"
+        for command, how in listed.items():
+            assert how.how in {"run", "composed", "not run"} and how.why, command
+            words = shlex.split(_as_run(command, how, paths))
+            if how.how != "not run" and words[:2] == ["python", "-m"] and words[2] in {"core.train", "core.eval"}:
+                if words[3:4] != ["compare"]:
+                    assert _compose([*words[3:], *how.append]).task.name, command
+
+
+def _scripted_reply(body: dict[str, Any]) -> str:
+    """A judge's scores (0.5 for each trajectory shown) or, to an agent, the digit 4."""
+    ids = re.findall(r'id="(t\d+)"', body["messages"][-1]["content"])
+    return json.dumps({"scores": [{"id": i, "score": 0.5, "why": "fixed"} for i in ids]}) if ids else "4"
+
+
+def _page_setup(page: str, cwd: Path) -> dict[str, str]:
+    """What a page's commands assume exists: eval.md a trained run, real_models.md the
+    quickstart's agent and data and a model directory."""
+    if page == "docs/eval.md":
+        command = f"python -m core.train {' '.join(TRAIN_CUT)} trainer.max_steps=2 run_dir={cwd / 'run'}"
+        proc = _run(command, cwd)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return {"run": str(cwd / "run")}
+    import asyncio
+
+    import peft  # noqa: F401  (the LoRA run needs it: the test extra installs it)
+    from tracerl_local.backend import LocalBackend
+    from tracerl_local.config import LocalBackendConfig
+
+    section = _section(QUICKSTART.read_text(), "## 2. Bring your own agent")
+    (agent,) = [b for b in _blocks(section, "python") if "@app.entrypoint" in b]
+    (cwd / "my_agent.py").write_text(agent)
+    (cwd / "data").mkdir()
+    (cwd / "data" / "train.jsonl").write_text(_blocks(section, "json")[0])
+    backend = LocalBackend(LocalBackendConfig(), seed=0)
+    try:
+        model = asyncio.run(backend.export_model(str(cwd / "models" / "tiny")))
+    finally:
+        asyncio.run(backend.aclose())
+    return {"model": model}
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page", ["docs/eval.md", "docs/real_models.md"])
+def test_page_commands_run(page: str, tmp_path: Path) -> None:
+    """The commands PAGE_COMMANDS marks ``run``, in a fresh directory, in its order, with its
+    substitutions and cuts; each must succeed and leave the file it names."""
+    from tests.eval.scripted_openai import ScriptedOpenAI
+
+    with ScriptedOpenAI(_scripted_reply) as server:
+        paths = {**_page_setup(page, tmp_path), "endpoint": server.base_url}
+        for command, how in PAGE_COMMANDS[page].items():
+            if how.how != "run":
+                continue
+            proc = _run(_as_run(command, how, paths), tmp_path, *how.append, env={"OPENAI_API_KEY": "sk-docs-walk"})
+            assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
+            assert not how.makes or (tmp_path / how.makes).is_file(), (command, how.makes, proc.stdout[-2000:])
+            if " compare " in command:
+                assert "reward_mean" in proc.stdout, proc.stdout
+        requests = list(server.requests)
+    if page == "docs/eval.md":
+        hosted = json.loads((tmp_path / "hosted" / "summary.json").read_text())
+        assert hosted["rollouts"] == 4 and hosted["failed"] == 0, hosted
+        assert json.loads((tmp_path / "math" / "summary.json").read_text())["rollouts"] == 16
+        judged = [json.loads(ln) for ln in (tmp_path / "judged" / "metrics.jsonl").read_text().splitlines()]
+        assert any(r.get("reward/judge") == 0.5 for r in judged), judged
+        assert {r["model"] for r in requests} == {"gpt-4o-mini"}
