@@ -165,3 +165,22 @@ def test_autotokenizer_loads_the_exported_tiny_tokenizer(tmp_path: Path, make_ba
     del config["auto_map"]
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     assert first_difference(trained, fingerprint(AutoTokenizer.from_pretrained(str(out)))) == "encode"
+
+
+def test_an_export_autotokenizer_cannot_load_still_stands_with_a_warning(
+    tmp_path: Path, make_backend: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The AutoTokenizer check after saving never loses the export (a tokenizer of remote
+    code, for one, needs ``trust_remote_code``): it warns how to load the tokenizer instead."""
+    import transformers
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("needs trust_remote_code=True")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    backend = make_backend()
+    with caplog.at_level("WARNING", logger="tracerl_local.export"):
+        out = Path(run(backend.export_model(str(tmp_path / "model"))))
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    (warning,) = [r.getMessage() for r in caplog.records if "AutoTokenizer.from_pretrained" in r.getMessage()]
+    assert "AutoTokenizer cannot load it: ValueError: needs trust_remote_code=True" in warning

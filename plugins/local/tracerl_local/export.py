@@ -72,12 +72,17 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
 
 
 def _auto_difference(tokenizer: Any, out: Path) -> str | None:
-    """The first probe on which ``AutoTokenizer.from_pretrained(out)`` differs from ``tokenizer``."""
+    """The first probe on which ``AutoTokenizer.from_pretrained(out)`` differs from
+    ``tokenizer``, or why it could not load the directory (a tokenizer of remote code, say)."""
     from transformers import AutoTokenizer
 
     from core.tokenizer_export import fingerprint, first_difference
 
-    return first_difference(fingerprint(tokenizer), fingerprint(AutoTokenizer.from_pretrained(str(out))))
+    try:
+        loaded = AutoTokenizer.from_pretrained(str(out))
+    except Exception as exc:  # the export stands; the warning says how it loads
+        return f"AutoTokenizer cannot load it: {type(exc).__name__}: {exc}"
+    return first_difference(fingerprint(tokenizer), fingerprint(loaded))
 
 
 def _save_tokenizer(tokenizer: Any, out: Path) -> None:
@@ -104,8 +109,8 @@ def _save_tokenizer(tokenizer: Any, out: Path) -> None:
         difference = _auto_difference(tokenizer, out)
     if difference is not None:
         log.warning(
-            "AutoTokenizer.from_pretrained(%r) loads a tokenizer that differs from the trained one "
-            "(%s): load it with %s.from_pretrained", str(out), difference, type(tokenizer).__name__,
+            "AutoTokenizer.from_pretrained(%r) does not give the trained tokenizer (%s): load it "
+            "with transformers.%s.from_pretrained", str(out), difference, type(tokenizer).__name__,
         )
 
 
