@@ -60,6 +60,7 @@ from core.gateway.errors import (
 from core.gateway.fastpath import ClientGone, DisconnectWatch, HotRoutes, read_raw
 from core.gateway.fields import drop_ignored
 from core.gateway.openai_api import chat_response, chat_stream_events, parse_chat_request
+from core.gateway.resent import parse_turn_body
 from core.gateway.responses_api import (
     finish_response,
     input_error,
@@ -69,6 +70,7 @@ from core.gateway.responses_api import (
 
 if TYPE_CHECKING:
     from core.gateway.service import Gateway
+    from core.gateway.session import Session
     from core.gateway.turn import TurnResult
 
 __all__ = ["build_app"]
@@ -253,11 +255,18 @@ def build_app(gateway: Gateway) -> HotRoutes:
     def read_body(raw: bytes) -> dict[str, Any]:
         return drop_ignored(parse_body(raw), ignore)
 
+    def read_turn_body(raw: bytes, s: Session) -> dict[str, Any]:
+        """A turn's body, parsed past the bytes it resends of the session's last one."""
+        body, kept = parse_turn_body(raw, s.resent, parse_body, _loads)
+        if not s.closed:  # a session finished meanwhile keeps nothing
+            s.resent = kept
+        return drop_ignored(body, ignore)
+
     async def chat(request: Request) -> Response:
         sid = _session_id(request)
-        gateway.open_session(sid)
+        s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream, include_usage = parse_chat_request(read_body(raw), gateway.reasoning_switches)
+        req, stream, include_usage = parse_chat_request(read_turn_body(raw, s), gateway.reasoning_switches)
         _check_stops(req.stop, "stop", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))
@@ -267,9 +276,9 @@ def build_app(gateway: Gateway) -> HotRoutes:
 
     async def messages(request: Request) -> Response:
         sid = _session_id(request)
-        gateway.open_session(sid)
+        s = gateway.open_session(sid)
         raw = await read_raw(request, limit, timeout)
-        req, stream = parse_messages_request(read_body(raw), gateway.reasoning_switches)
+        req, stream = parse_messages_request(read_turn_body(raw, s), gateway.reasoning_switches)
         _check_stops(req.stop, "stop_sequences", cfg.max_stop_strings)
         req.size = len(raw)
         result = await _guarded(request, gateway.run_turn(sid, req))

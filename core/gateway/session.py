@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.gateway.history import Matched, Node, Turn
+from core.gateway.resent import ResentBody
 from core.types import DEFAULT_POLICY, SamplingParams
 
 __all__ = ["COUNTERS", "Session", "new_session_id"]
@@ -84,16 +85,21 @@ class Session:
     """Set when ``in_flight`` drops to 0 (created lazily inside a loop)."""
     created_at: float = field(default_factory=time.time)
     """Creation time (epoch seconds)."""
+    resent: ResentBody | None = None
+    """The last turn request's body and parsed messages: the next request is parsed only
+    past the bytes it resends (``core.gateway.resent``)."""
     responses: dict[str, Any] = field(default_factory=dict)
     """Responses API: the stored responses by id (``core.gateway.responses_api.StoredResponse``),
     kept while the session lives, for ``previous_response_id``."""
 
     def release(self) -> None:
         """Let go of what only an open session needs, once it is finished or dropped: the stored
-        Responses (``previous_response_id`` and ``GET`` need an open session) and the last match.
+        Responses (``previous_response_id`` and ``GET`` need an open session), the last match and
+        the last request body.
         The turns and the history tree stay: the rows are built from them."""
         self.responses = {}
         self.matched = None
+        self.resent = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-able view for the admin routes."""
