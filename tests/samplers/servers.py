@@ -278,13 +278,13 @@ class StandIn:
             self.running += 1
             try:
                 while len(ids) < int(sampling["max_tokens"]):
+                    await asyncio.sleep(self.tick_s)  # one decode step
                     if self._aborts != aborts:
                         finish = "abort"
                         break
                     token, logprob = self.decoded(self.weights, len(prompt) + len(ids))
                     ids.append(token)
                     lps.append(logprob)
-                    await asyncio.sleep(self.tick_s)
             finally:
                 self.running -= 1
             self.served_with.append(self.weights)

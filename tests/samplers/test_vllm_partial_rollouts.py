@@ -125,6 +125,28 @@ def test_a_request_sent_during_the_push_waits_for_the_new_weights(make_standin: 
     assert salts.count("tracerl-v7") == 2 and salts[0] == "tracerl-v0"
 
 
+def test_a_generation_aborted_before_its_first_token_is_sent_again_on_the_new_weights(
+    make_standin: Any,
+) -> None:
+    """The pause lands before the first decode step: the abort carries no token, but the
+    weights changed since it was sent, so it is sent again (not a 503 to the agent)."""
+    standin, url = make_standin(mode="decode", tick_s=0.5)
+    sampler = sampler_for("vllm", [url], abort_on_push=True)
+
+    async def go() -> Any:
+        task = asyncio.create_task(sampler.sample(PROMPT, SamplingParams(max_tokens=2), session_id="s"))
+        await wait_for(lambda: standin.running == 1, "a running generation")
+        await WeightPusher(sampler).push(WEIGHTS, 7)
+        out = await task
+        await sampler.aclose()
+        return out
+
+    out = asyncio.run(go())
+    assert out.finish_reason.value == "length" and out.weight_version == 7 and not out.segments
+    assert out.token_ids == [StandIn.decoded(WEIGHTS, p)[0] for p in (3, 4)]
+    assert len(standin.generate_hits()) == 2 and standin.served_with == ["launch", WEIGHTS]
+
+
 def test_a_vllm_without_the_pause_api_is_refused_naming_the_setting(make_standin: Any) -> None:
     standin, url = make_standin(mode="decode", pause_api=False)
     sampler = sampler_for("vllm", [url], abort_on_push=True)
