@@ -5,7 +5,8 @@ must compose (unknown keys and groups fail here, cheaply, in-process). The
 commands meant to run on CPU run for real, in a fresh directory for the
 bring-your-own-agent section (its files are taken from the page), from the
 repository root for the examples, and their output must look like what the
-page shows. The real-model command composes only (no model is on disk here).
+page shows. The quickstart's real-model command runs on the tiny model saved as a
+Hugging Face directory (no real model is on disk here; marker ``long``).
 
 docs/eval.md, docs/real_models.md and docs/samplers.md: every command of their
 console blocks is listed in ``PAGE_COMMANDS`` (a new one fails until it is) as
@@ -468,3 +469,16 @@ def test_page_commands_run(page: str, tmp_path: Path) -> None:
         judged = [json.loads(ln) for ln in (tmp_path / "judged" / "metrics.jsonl").read_text().splitlines()]
         assert any(r.get("reward/judge") == 0.5 for r in judged), judged
         assert {r["model"] for r in requests} == {"gpt-4o-mini"}
+
+
+@pytest.mark.long
+def test_quickstart_real_model_command_runs_on_a_model_directory(tmp_path: Path) -> None:
+    """Quickstart's ``backend.model=/path/to/hf/model`` line, with the tiny model as a Hugging
+    Face directory for the path (no real model here), the page's agent and data, one step."""
+    section = _section(QUICKSTART.read_text(), "## 2. Bring your own agent")
+    (command,) = [c for c in _train_commands(section) if "backend.model=" in c]
+    assert "backend.model=/path/to/hf/model" in command, command
+    paths = _page_setup("docs/real_models.md", tmp_path)
+    proc = _run(command.replace("/path/to/hf/model", paths["model"]), tmp_path, *TRAIN_CUT, "run_dir=run")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "run finished at step 1 (task=custom backend=local)" in proc.stdout, proc.stdout
