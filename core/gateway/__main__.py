@@ -11,7 +11,9 @@ traces over the admin routes, e.g.::
     curl -H "authorization: Bearer $ADMIN" $ROOT/admin/sessions/$SID/trace
 
 ``python -m core.gateway certify MODEL`` certifies a model's chat template instead
-(``core.gateway.certify.cli``).
+(``core.gateway.certify.cli``). ``python -m core.gateway shard SPEC [--port N]`` serves one
+gateway shard of a training run (``core.rollout.shards``, started by the trainer with
+``gateway.shards`` above 1): it prints one JSON line and serves until its stdin closes.
 """
 
 from __future__ import annotations
@@ -133,6 +135,36 @@ async def _serve(args: argparse.Namespace) -> None:
             await sampler.aclose()
 
 
+async def _serve_shard(spec_path: str, port: int) -> None:
+    """One gateway shard: built from the trainer's spec, served until stdin closes (the
+    trainer stopping it, or dying)."""
+    import os
+    import threading
+
+    from core.gateway import GatewayServer
+    from core.rollout.shards import build_shard_gateway, read_spec
+
+    spec = read_spec(spec_path)
+    gw = build_shard_gateway(spec)
+    server = GatewayServer(gw, host=str(spec.gateway.get("host", "127.0.0.1")), port=port, public_host=spec.public_host)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    closed = asyncio.Event()
+
+    def watch_stdin() -> None:
+        sys.stdin.buffer.read()  # returns at EOF: the trainer closed the pipe or exited
+        loop.call_soon_threadsafe(closed.set)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    print(json.dumps({"root_url": server.root_url, "base_url": server.base_url, "pid": os.getpid()}), flush=True)
+    try:
+        await closed.wait()
+    finally:
+        await server.stop()
+        if hasattr(gw.sampler, "aclose"):
+            await gw.sampler.aclose()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -140,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         from core.gateway.certify.cli import main as certify_main
 
         return certify_main(argv[1:])
+    if argv[:1] == ["shard"]:
+        p = argparse.ArgumentParser(prog="python -m core.gateway shard")
+        p.add_argument("spec", help="the shard spec the trainer wrote (core.rollout.shards.ShardSpec)")
+        p.add_argument("--port", type=int, default=0)
+        shard = p.parse_args(argv[1:])
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve_shard(shard.spec, shard.port))
+        return 0
     args = _parser().parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))

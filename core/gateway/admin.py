@@ -72,6 +72,13 @@ class RewardBody(BaseModel):
     reward: float = Field(allow_inf_nan=False, strict=True)
 
 
+class SamplerVersionBody(BaseModel):
+    """Body of ``POST /admin/sampler``: the weight version now pushed to the fleet."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight_version: int = Field(ge=0, strict=True)
+
+
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
@@ -187,6 +194,15 @@ def admin_routes(gateway: Gateway) -> list[Route]:
             raise not_found(str(exc)) from None
         return {"rollout_id": rid, "reward": body.reward}
 
+    async def set_sampler_version(request: Request) -> Any:
+        # A gateway shard's HTTP sampler learns the weight version the trainer pushed
+        # (core.rollout.shards.GatewayShards.set_weight_version).
+        body = await read_body(request, SamplerVersionBody, "sampler version", '; send {"weight_version": <int>}')
+        if not hasattr(gateway.sampler, "weight_version"):
+            raise bad_request(f"this gateway's sampler ({type(gateway.sampler).__name__}) keeps no weight version")
+        gateway.sampler.weight_version = body.weight_version
+        return {"weight_version": body.weight_version}
+
     async def drop(request: Request) -> Any:
         gateway.session(request.path_params["sid"])
         gateway.drop_session(request.path_params["sid"])
@@ -202,4 +218,5 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         Route("/admin/sessions/{sid}/finish", wrap(finish), methods=["POST"]),
         Route("/admin/sessions/{sid}/harvest", wrap(harvest), methods=["POST"]),
         Route("/admin/rollouts/{rid}/reward", wrap(post_reward), methods=["POST"]),
+        Route("/admin/sampler", wrap(set_sampler_version), methods=["POST"]),
     ]

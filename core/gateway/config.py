@@ -86,6 +86,11 @@ class GatewayConfig:
     you know do not matter for what you train (docs/gateway.md, Request fields)."""
     admin_token: str = ""
     """Token the admin routes require; empty generates a random one at start."""
+    shards: int = 1
+    """Gateway processes sessions are spread over (docs/scale.md). 1: the gateway runs in
+    the trainer's process, as always. More: that many processes on this machine, each
+    owning its sessions, rows collected by the trainer as from one; they need a sampler
+    each can call (``sampler=vllm|sglang``)."""
 
     def __post_init__(self) -> None:
         from core.errors import ConfigError
@@ -113,6 +118,8 @@ class GatewayConfig:
         owned = sorted({"messages", "input", "max_tokens"} & set(self.ignore_request_fields))
         if owned:
             raise ConfigError(f"gateway.ignore_request_fields may not drop {owned}: a request cannot be read without them")
+        if not isinstance(self.shards, int) or self.shards < 1:
+            raise ConfigError(f"gateway.shards must be an integer >= 1 (1: no shards), got {self.shards!r}")
         negative = {k: v for k, v in limits.items() if v < 0}
         if negative:
             raise ConfigError(

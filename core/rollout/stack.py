@@ -2,7 +2,9 @@
 
 ``start_rollout_stack`` brings up the gateway's HTTP server, the configured runtime
 and a ``RolloutRunner`` over both: core's loop, ``python -m core.eval``, the verl
-agent-loop workers and slime's rollout processes share it.
+agent-loop workers and slime's rollout processes share it. With ``gateway.shards``
+above 1 it starts that many gateway processes instead (``core.rollout.shards``),
+sampling from the ``sampler`` fleet, and the runner spreads sessions over them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from core.plugins.manager import Plugins
+    from core.rollout.shards import GatewayShards
 
 
 @dataclass
@@ -28,18 +31,23 @@ class RolloutStack:
     """A started gateway server, runtime and the runner over both."""
 
     server: Any
-    """The ``GatewayServer`` agents call."""
+    """The ``GatewayServer`` agents call; None when the gateway is sharded."""
     runtime: Any
     """The started ``RolloutRuntime``."""
     runner: RolloutRunner
     """Runs rollouts through both."""
+    shards: GatewayShards | None = None
+    """The gateway processes, with ``gateway.shards`` above 1."""
 
     async def aclose(self) -> None:
-        """Stop the runtime, then the server."""
+        """Stop the runtime, then the server (or the shards)."""
         try:
             await self.runtime.aclose()
         finally:
-            await self.server.stop()
+            if self.server is not None:
+                await self.server.stop()
+            if self.shards is not None:
+                await self.shards.aclose()
 
 
 async def start_rollout_stack(
@@ -55,26 +63,24 @@ async def start_rollout_stack(
             (default: ``cfg.gateway.public_host``).
         plugins: Loaded plugins to find the runtime in (default: ``load_plugins()``).
     """
-    from core.gateway import GatewayServer
     from core.plugins import load_plugins
 
-    server = GatewayServer(
-        gateway,
-        host=str(cfg.gateway.host),
-        port=int(cfg.gateway.port),
-        public_host=public_host or str(cfg.gateway.public_host or ""),
-    )
-    await server.start()
+    public = public_host or str(cfg.gateway.public_host or "")
+    server, shards = await _serve(cfg, gateway, public)
     try:
         runtime = (plugins or load_plugins()).runtime(str(cfg.runtime.name)).factory(cfg)
         await runtime.start()
     except BaseException:
-        await server.stop()
+        if server is not None:
+            await server.stop()
+        if shards is not None:
+            await shards.aclose()
         raise
     trainer = cfg.trainer
     runner = RolloutRunner(
         gateway=gateway,
-        base_url=server.base_url,
+        base_url=server.base_url if server is not None else "",
+        sessions=shards,
         runtime=runtime,
         model_id=model_id,
         limits=RolloutLimits(
@@ -85,7 +91,59 @@ async def start_rollout_stack(
             reward_timeout_s=float(_setting(_setting(cfg, "reward", {}), "timeout_s", DEFAULT_REWARD_TIMEOUT_S)),
         ),
     )
-    return RolloutStack(server=server, runtime=runtime, runner=runner)
+    return RolloutStack(server=server, runtime=runtime, runner=runner, shards=shards)
+
+
+async def _serve(cfg: DictConfig, gateway: Any, public_host: str) -> tuple[Any, GatewayShards | None]:
+    """``gateway`` served in this process, or ``gateway.shards`` processes serving its like."""
+    count = int(_setting(cfg.gateway, "shards", 1))
+    if count <= 1:
+        from core.gateway import GatewayServer
+
+        server = GatewayServer(gateway, host=str(cfg.gateway.host), port=int(cfg.gateway.port), public_host=public_host)
+        await server.start()
+        return server, None
+    import tempfile
+    from pathlib import Path
+
+    from core.rollout.shards import GatewayShards, shard_spec
+
+    sampler = shard_sampler(_setting(cfg, "sampler", None), count)
+    with tempfile.TemporaryDirectory(prefix="tracerl-shard-spec-") as folder:
+        spec = shard_spec(gateway, sampler, Path(folder), public_host=public_host)
+        return None, await GatewayShards.start(spec, count)
+
+
+def shard_sampler(node: Any, shards: int) -> dict[str, Any]:
+    """The sampler every shard calls: the ``sampler`` fleet's settings (``HttpSamplerConfig``
+    fields); a ``ConfigError`` when the run samples with its backend, whose sampler lives in
+    this process and no shard process can call."""
+    from dataclasses import fields
+
+    from core.errors import ConfigError
+    from core.samplers import HttpSamplerConfig
+
+    kind = str(_setting(node, "kind", "backend")) if node is not None else "backend"
+    if kind not in ("vllm", "sglang"):
+        raise ConfigError(
+            f"gateway.shards={shards} needs a sampler every gateway process can call: sampler=vllm or "
+            f"sampler=sglang with sampler.urls (on one machine: python -m tracerl_local.serve --port 30000, "
+            f"then sampler=sglang sampler.urls='[http://127.0.0.1:30000]'); sampler={kind} samples inside "
+            "the trainer's process. Use gateway.shards=1 with it (docs/scale.md)"
+        )
+    out: dict[str, Any] = {}
+    for f in fields(HttpSamplerConfig):
+        value = _setting(node, f.name, None)
+        if value is not None:
+            out[f.name] = value if isinstance(value, str | int | float | bool) else _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A config node (list or dict) as plain JSON-able values."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _setting(section: Any, key: str, default: Any) -> Any:

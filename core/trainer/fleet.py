@@ -26,6 +26,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -150,6 +151,9 @@ class Fleet:
         self.last: PushReport | None = None
         self._unreported_s = 0.0
         """Push time since ``metrics`` last reported it."""
+        self.after_push: list[Callable[[int], Awaitable[None]]] = []
+        """Called with the version once a push succeeded: the gateway shards' samplers learn it
+        (``core.rollout.shards.GatewayShards.set_weight_version``)."""
 
     async def push(self, backend: Any) -> PushReport:
         """Export ``backend``'s weights (at its ``weight_version``) and load them on every server.
@@ -164,6 +168,8 @@ class Fleet:
         report = await self.pusher.push(str(path), version)
         if self.probe is not None:
             await self._probe(backend, self.probe, report)
+        for tell in self.after_push:
+            await tell(report.version)
         report.seconds = time.perf_counter() - t0
         self._prune()
         self.last = report

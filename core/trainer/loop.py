@@ -155,6 +155,8 @@ class Trainer:
             self.composed, self.gateway, model_id=self.backend.model_id(), plugins=self.plugins
         )
         self._closers.append(stack.aclose)
+        if stack.shards is not None and self.fleet is not None:  # gateway.shards > 1
+            self.fleet.after_push.append(stack.shards.set_weight_version)
         self.server, self.runtime, self.runner = stack.server, stack.runtime, stack.runner
         self.rewards = build_reward_stage(self.composed, self.plugins, self.runner)
         self._closers.append(self.rewards.aclose)

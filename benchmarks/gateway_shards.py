@@ -1,0 +1,169 @@
+"""Turns/s of the sharded gateway (``gateway.shards``): one gateway process against N.
+
+    python benchmarks/gateway_shards.py                          # 1 and 2 shards, 256 sessions
+    python benchmarks/gateway_shards.py --shards 1,2,4 --sessions 512 --delay 0.02:0.5
+    python benchmarks/gateway_shards.py --quick                  # smaller, for a smoke check
+
+Starts the shards exactly as a training run does (``core.rollout.shards.GatewayShards``:
+``python -m core.gateway shard`` processes, the scripted sampler standing in for the
+fleet) and drives them over real HTTP with httpx from this process, as the trainer's
+runner and its agents do: every session is opened by the runner on the next shard,
+its agent sends ``--turns`` chat turns to that shard's base URL, each resending the
+whole history (a ~1k-token system message, short user turns, the replies), and the
+runner harvests it at the end (rows checked: one linear row per session, every turn
+in it). Reported per shard count:
+
+- turns/s over the measured turns (each session's first turn, a full render, is a
+  warm-up and not measured) and client-observed latency p50/p99 less the sampler's
+  sleep (none by default: ``--delay 0`` makes the gateways the bottleneck);
+- gateway CPU per turn: CPU seconds of all shard processes together (``/admin/stats``
+  ``process_time`` summed, ``GatewayShards.stats``) over the measured turns;
+- the ratio of each count's turns/s to one shard's.
+
+The load generator shares the machine's cores with the shards; on 2 cores it takes
+about as much CPU per turn as a gateway, so N shards cannot show N times the turns/s
+here: the gateway CPU per turn staying flat as shards are added is the figure that
+says the shards add no work, and turns/s says what this machine got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPLY = "ok, noted."
+
+
+def _filler(tok: Any, n_tokens: int) -> str:
+    words = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
+    parts: list[str] = []
+    i = 0
+    while len(tok.encode("\n".join(parts), add_special_tokens=False)) < n_tokens:
+        parts.append(" ".join(words[(i + j) % 10] + str(i % 97) for j in range(20)))
+        i += 1
+    return "\n".join(parts)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _client_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def _scenario(shards_n: int, sessions: int, turns: int, delay: str, context: int) -> dict[str, Any]:
+    from core.gateway import Gateway, GatewayConfig
+    from core.rollout.shards import GatewayShards, shard_spec
+    from core.samplers import ScriptedSampler
+    from core.tokenizer import build_tiny_tokenizer
+    from core.types import SamplingParams
+
+    tok = build_tiny_tokenizer()
+    low, _, high = delay.partition(":")
+    sleep: Any = [float(low), float(high)] if high else float(low)
+    config = GatewayConfig(max_context_tokens=0, max_connections=0, max_pending_headers_per_client=0)
+    gw = Gateway(tokenizer=tok, sampler=ScriptedSampler(tokenizer=tok), config=config, model_id="tiny")
+    system = _filler(tok, context)
+    with tempfile.TemporaryDirectory() as folder:
+        spec = shard_spec(gw, {"kind": "scripted", "reply": REPLY, "delay_s": sleep}, Path(folder))
+        shards = await GatewayShards.start(spec, shards_n)
+    latencies: list[float] = []
+    try:
+        opened = [await shards.open(SamplingParams(max_tokens=16), {"rollout_id": f"r{i}"}) for i in range(sessions)]
+        limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
+        async with httpx.AsyncClient(limits=limits, timeout=600) as client:
+            ready = asyncio.Event()
+            warm = 0
+
+            async def agent(sid: str, base_url: str) -> None:
+                nonlocal warm
+                messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+                for i in range(turns + 1):
+                    messages.append({"role": "user", "content": f"question {i} of the session"})
+                    t0 = time.perf_counter()
+                    resp = await client.post(
+                        base_url + "/chat/completions", headers={"authorization": f"Bearer {sid}"},
+                        json={"model": "tiny", "messages": messages},
+                    )
+                    resp.raise_for_status()
+                    if i > 0:
+                        latencies.append(time.perf_counter() - t0)
+                    messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+                    if i == 0:
+                        warm += 1
+                        if warm == sessions:
+                            ready.set()
+                        await ready.wait()
+
+            tasks = [asyncio.create_task(agent(sid, url)) for sid, url in opened]
+            await ready.wait()
+            cpu0, client0, t0 = (await shards.stats())["process_time"], _client_cpu(), time.perf_counter()
+            await asyncio.gather(*tasks)
+            wall = time.perf_counter() - t0
+            cpu1, client1 = (await shards.stats())["process_time"], _client_cpu()
+        for sid, _ in opened:
+            found = await shards.harvest(sid)
+            assert found is not None and len(found.rows) == 1, "a session did not stay one linear row"
+            assert found.counters["model_turns"] == turns + 1
+    finally:
+        await shards.aclose()
+    measured = sessions * turns
+    latencies.sort()
+    base = statistics.fmean(sleep) if isinstance(sleep, list) else sleep
+    return {
+        "shards": shards_n,
+        "sessions": sessions,
+        "context_tokens": context,
+        "turns": measured,
+        "turns_per_s": round(measured / wall, 1),
+        "p50_ms": round(1000 * _pct(latencies, 0.5), 2),
+        "p99_ms": round(1000 * _pct(latencies, 0.99), 2),
+        "sampler_sleep_mean_ms": round(1000 * base, 2),
+        "gateway_cpu_ms_per_turn": round(1000 * (cpu1 - cpu0) / measured, 3),
+        "client_cpu_ms_per_turn": round(1000 * (client1 - client0) / measured, 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shards", default="1,2", help="shard counts to compare, e.g. 1,2,4")
+    ap.add_argument("--sessions", type=int, default=256)
+    ap.add_argument("--turns", type=int, default=8, help="measured turns per session (after one warm-up)")
+    ap.add_argument("--context", type=int, default=1000, help="tokens of the system message every turn resends")
+    ap.add_argument("--delay", default="0", help="sampler sleep per turn: S or LOW:HIGH seconds (log-uniform)")
+    ap.add_argument("--quick", action="store_true", help="32 sessions of 4 turns")
+    ap.add_argument("--json", default="", help="also write the results to this file")
+    args = ap.parse_args()
+    sessions, turns = (32, 4) if args.quick else (args.sessions, args.turns)
+    rows = []
+    for n in (int(x) for x in args.shards.split(",")):
+        row = asyncio.run(_scenario(n, sessions, turns, args.delay, args.context))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    one = next((r for r in rows if r["shards"] == 1), None)
+    if one is not None:
+        for r in rows:
+            print(f"shards={r['shards']}: {r['turns_per_s']} turns/s "
+                  f"({r['turns_per_s'] / one['turns_per_s']:.2f}x one shard), "
+                  f"gateway CPU {r['gateway_cpu_ms_per_turn']} ms/turn, p99 {r['p99_ms']} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

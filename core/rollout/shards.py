@@ -1,0 +1,369 @@
+"""The gateway in N processes: sessions spread over shards, harvested as from one gateway.
+
+Sessions are independent, so the gateway scales by session (``gateway.shards``,
+docs/scale.md). Defines:
+
+- ``ShardSpec``: everything a shard process needs to build the same gateway as the
+  trainer's: the tokenizer (saved, with its fingerprint, so a shard that would render
+  other tokens refuses to start), end-of-turn ids, the ``gateway`` settings, the
+  policies and the sampler every shard calls (an HTTP fleet, or a scripted model for
+  trying agents and benchmarks). ``shard_spec`` writes one from an in-process gateway.
+- ``build_shard_gateway``: the shard side (``python -m core.gateway shard SPEC``).
+- ``GatewayShards``: the trainer side, a ``core.rollout.sessions.SessionHost``: starts
+  the shard processes (plain subprocesses on this machine), opens each session on the
+  next live shard and gives its agent that shard's base URL, harvests a session from
+  its shard over ``POST /admin/sessions/{sid}/harvest`` (exactly the rows, counters
+  and conversation an in-process gateway gives), sums ``/admin/stats``, tells every
+  shard the fleet's weight version after a push, and stops them. A shard that died
+  fails only the rollouts it held, with ``ShardLost`` naming it; new sessions go to
+  the shards still alive.
+
+A shard exits when its stdin closes, so the shards never outlive a trainer killed
+without a chance to stop them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, RuntimeStartError
+from core.gateway.config import GatewayConfig
+from core.gateway.harvest import Harvest, harvest_from_json
+from core.rollout.sessions import ShardLost
+from core.types import SamplingParams
+
+__all__ = ["GatewayShards", "ShardSpec", "build_shard_gateway", "read_spec", "shard_spec"]
+
+START_TIMEOUT_S = 120.0
+"""How long a shard process may take to print where it listens."""
+
+
+@dataclass
+class ShardSpec:
+    """What every shard process builds its gateway from (written as JSON, mode 0600)."""
+
+    tokenizer_dir: str
+    """The trainer's tokenizer, saved with ``save_pretrained``."""
+    fingerprint: dict[str, Any]
+    """``core.tokenizer_export.fingerprint`` of the trainer's tokenizer; a shard whose
+    copy differs refuses to start."""
+    end_of_turn_ids: list[int]
+    """The trainer's gateway's end-of-turn ids (the sampler's included)."""
+    model_id: str
+    """Name agents pass as ``model``."""
+    gateway: dict[str, Any]
+    """``GatewayConfig`` fields; ``admin_token`` is the one every shard shares."""
+    sampler: dict[str, Any]
+    """``{"kind": "vllm"|"sglang", ...HttpSamplerConfig fields}``, or ``{"kind": "scripted",
+    "reply": text, "delay_s": seconds}`` (``python -m core.gateway``'s scripted model)."""
+    policies: dict[str, Any] = field(default_factory=dict)
+    """``PolicyRoutes`` as ``{"names": [...], "models": {...}}``; empty: the default policy."""
+    public_host: str = ""
+    """Address agents dial, when it differs from ``gateway.host``."""
+
+
+def shard_spec(gateway: Any, sampler: dict[str, Any], folder: Path, *, public_host: str = "") -> ShardSpec:
+    """The spec of shards serving what ``gateway`` (in this process) serves, sampling with
+    ``sampler``; the tokenizer is saved under ``folder``."""
+    from core.tokenizer_export import fingerprint
+
+    tokenizer = gateway.renderer.tokenizer
+    tok_dir = folder / "tokenizer"
+    tokenizer.save_pretrained(str(tok_dir))
+    config = dataclasses.asdict(gateway.config)
+    config["admin_token"] = gateway.admin_token
+    policies = gateway.policies
+    return ShardSpec(
+        tokenizer_dir=str(tok_dir),
+        fingerprint=json.loads(json.dumps(fingerprint(tokenizer))),
+        end_of_turn_ids=[int(i) for i in gateway.end_of_turn_ids],
+        model_id=str(gateway.model_id),
+        gateway=config,
+        sampler=dict(sampler),
+        policies={"names": list(policies.names), "models": dict(policies.models)},
+        public_host=public_host,
+    )
+
+
+def read_spec(path: str | Path) -> ShardSpec:
+    """The ``ShardSpec`` written at ``path``."""
+    return ShardSpec(**json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def build_shard_gateway(spec: ShardSpec) -> Any:
+    """The shard's ``Gateway``: same tokenizer, settings and policies as the trainer's.
+
+    Raises:
+        ConfigError: the tokenizer copy renders differently (names the probe), or the
+            sampler kind is unknown.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    from core.gateway import Gateway
+    from core.gateway.policies import PolicyRoutes
+    from core.tokenizer_export import fingerprint
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(spec.tokenizer_dir)
+    mine = json.loads(json.dumps(fingerprint(tokenizer)))
+    differ = sorted(k for k in set(mine) | set(spec.fingerprint) if mine.get(k) != spec.fingerprint.get(k))
+    if differ:
+        raise ConfigError(
+            f"gateway shard: the trainer's tokenizer saved at {spec.tokenizer_dir} reloads differently "
+            f"(probe {differ[0]!r}); shards need a tokenizer transformers' fast class reproduces, "
+            "use gateway.shards=1 with this one"
+        )
+    policies = PolicyRoutes(
+        names=tuple(spec.policies.get("names") or ()) or PolicyRoutes().names,
+        models=dict(spec.policies.get("models") or {}),
+    )
+    return Gateway(
+        tokenizer=tokenizer,
+        sampler=_sampler(spec.sampler, tokenizer),
+        config=GatewayConfig(**{**spec.gateway, "shards": 1}),
+        model_id=spec.model_id,
+        generation_config={"eos_token_id": list(spec.end_of_turn_ids)},
+        policies=policies,
+    )
+
+
+def _sampler(conf: dict[str, Any], tokenizer: Any) -> Any:
+    kind = conf.get("kind")
+    if kind == "scripted":
+        from core.samplers import ScriptedSampler, encode_reply
+
+        return ScriptedSampler(
+            default=encode_reply(tokenizer, str(conf.get("reply", "Hello."))),
+            tokenizer=tokenizer,
+            record_calls=False,
+            delay_s=conf.get("delay_s", 0.0) if not isinstance(conf.get("delay_s"), list) else tuple(conf["delay_s"]),
+        )
+    if kind in ("vllm", "sglang"):
+        from core.samplers import build_http_sampler
+
+        return build_http_sampler(conf)
+    raise ConfigError(f"gateway shard: sampler kind must be 'vllm', 'sglang' or 'scripted', got {kind!r}")
+
+
+@dataclass
+class _Shard:
+    index: int
+    proc: asyncio.subprocess.Process
+    root_url: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return self.root_url + "/v1"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def name(self) -> str:
+        return f"gateway shard {self.index} ({self.root_url or 'not started'}, pid {self.proc.pid})"
+
+    def gone(self, what: str) -> ShardLost:
+        if self.proc.returncode is not None:
+            what = f"its process exited with code {self.proc.returncode}"
+        return ShardLost(f"{self.name()}: {what}")
+
+
+class GatewayShards:
+    """N gateway processes on this machine; a ``SessionHost`` for ``RolloutRunner``."""
+
+    late_rewards: Any = None
+    """Shards keep no late-reward book the runner can wait on: ``reward_pending`` rollouts
+    stay so (docs/scale.md)."""
+
+    def __init__(self, shards: list[_Shard], admin_token: str, folder: str) -> None:
+        """Use ``GatewayShards.start``."""
+        import httpx
+
+        self.shards = shards
+        self._folder = folder
+        self._owner: dict[str, _Shard] = {}
+        self._next = 0
+        self._http = httpx.AsyncClient(
+            headers={"authorization": f"Bearer {admin_token}"},
+            timeout=httpx.Timeout(60.0, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        )
+
+    @classmethod
+    async def start(cls, spec: ShardSpec, count: int, *, timeout_s: float = START_TIMEOUT_S) -> GatewayShards:
+        """Start ``count`` shard processes from ``spec``; returns once each listens.
+
+        Raises:
+            RuntimeStartError: a shard exited or did not listen within ``timeout_s``
+                (its last stderr lines are in the message).
+        """
+        if count < 1:
+            raise ConfigError(f"gateway.shards must be >= 1, got {count!r}")
+        folder = tempfile.mkdtemp(prefix="tracerl-shards-")
+        path = Path(folder) / "spec.json"
+        path.write_text(json.dumps(dataclasses.asdict(spec)), encoding="utf-8")
+        path.chmod(0o600)
+        base_port = int(spec.gateway.get("port") or 0)
+        shards: list[_Shard] = []
+        try:
+            for i in range(count):
+                port = base_port + i if base_port else 0
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "core.gateway", "shard", str(path), "--port", str(port),
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
+                    env=_child_env(),
+                )
+                shards.append(_Shard(index=i, proc=proc))
+            await asyncio.gather(*(_await_listening(s, timeout_s) for s in shards))
+        except BaseException:
+            for s in shards:
+                await _stop(s)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return cls(shards, str(spec.gateway["admin_token"]), folder)
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Each shard's OpenAI-style base URL, by shard index."""
+        return [s.base_url for s in self.shards]
+
+    def shard_of(self, sid: str) -> int:
+        """Index of the shard that holds session ``sid``."""
+        return self._owner[sid].index
+
+    async def open(self, sampling: SamplingParams, metadata: dict[str, Any]) -> tuple[str, str]:
+        """Open a session on the next live shard (round robin); its id and base URL."""
+        import httpx
+
+        body = {
+            "sampling": {
+                "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "top_k": sampling.top_k, "stop": list(sampling.stop),
+                "stop_token_ids": list(sampling.stop_token_ids), "seed": sampling.seed,
+            },
+            "metadata": metadata,
+        }
+        errors: list[str] = []
+        for _ in range(len(self.shards)):
+            shard = self.shards[self._next % len(self.shards)]
+            self._next += 1
+            if not shard.alive:
+                errors.append(str(shard.gone("")))
+                continue
+            try:
+                resp = await self._http.post(shard.root_url + "/admin/sessions", json=body)
+            except httpx.TransportError as exc:
+                errors.append(str(shard.gone(f"stopped answering ({type(exc).__name__}: {exc})")))
+                continue
+            if resp.status_code != 200:
+                raise ConfigError(f"{shard.name()} refused a session: {resp.status_code} {resp.text[:300]}")
+            sid = str(resp.json()["session_id"])
+            self._owner[sid] = shard
+            return sid, shard.base_url
+        raise ShardLost("no gateway shard could take the session: " + "; ".join(errors))
+
+    async def harvest(self, sid: str) -> Harvest | None:
+        """The session's rows, counters and conversation from its shard; None when dropped."""
+        import httpx
+
+        shard = self._owner.pop(sid, None)
+        if shard is None:
+            return None
+        if not shard.alive:
+            raise shard.gone("")
+        try:
+            resp = await self._http.post(f"{shard.root_url}/admin/sessions/{sid}/harvest")
+        except httpx.TransportError as exc:
+            raise shard.gone(f"stopped answering ({type(exc).__name__}: {exc})") from None
+        if resp.status_code == 401:  # dropped over the shard's admin routes
+            return None
+        if resp.status_code != 200:
+            raise shard.gone(f"answered the harvest with {resp.status_code}: {resp.text[:300]}")
+        return harvest_from_json(resp.json())
+
+    async def stats(self) -> dict[str, float]:
+        """``/admin/stats`` summed over the live shards (sessions, turns, CPU seconds)."""
+        total: dict[str, float] = {}
+        for shard in self.shards:
+            if not shard.alive:
+                continue
+            resp = await self._http.get(shard.root_url + "/admin/stats")
+            resp.raise_for_status()
+            for key, value in resp.json().items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    async def set_weight_version(self, version: int) -> None:
+        """Tell every live shard's HTTP sampler the weights now pushed (after ``Fleet.push``)."""
+        for shard in self.shards:
+            if shard.alive:
+                resp = await self._http.post(shard.root_url + "/admin/sampler", json={"weight_version": int(version)})
+                resp.raise_for_status()
+
+    async def aclose(self) -> None:
+        """Stop every shard (stdin closed, then SIGTERM, then SIGKILL); idempotent."""
+        await self._http.aclose()
+        for shard in self.shards:
+            await _stop(shard)
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with this ``core`` first on the child's path."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+async def _await_listening(shard: _Shard, timeout_s: float) -> None:
+    """Read the shard's stdout until its JSON line says where it listens."""
+    assert shard.proc.stdout is not None
+
+    async def read() -> None:
+        assert shard.proc.stdout is not None
+        while True:
+            line = await shard.proc.stdout.readline()
+            if not line:
+                await shard.proc.wait()
+                raise RuntimeStartError(
+                    f"{shard.name()} exited with code {shard.proc.returncode} before listening "
+                    "(its error is on stderr above)"
+                )
+            with contextlib.suppress(ValueError):
+                info = json.loads(line)
+                if isinstance(info, dict) and "root_url" in info:
+                    shard.root_url = str(info["root_url"])
+                    return
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise RuntimeStartError(f"{shard.name()} did not listen within {timeout_s:g} s") from None
+
+
+async def _stop(shard: _Shard) -> None:
+    proc = shard.proc
+    if proc.returncode is None and proc.stdin is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
