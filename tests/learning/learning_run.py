@@ -7,8 +7,8 @@ a silent bug could break, by patching the real code path (the loop turns
 rollouts into datums with ``core.trainer.signal.build_signal``) in this process
 only (so test_learning.py can run several variants at once, each in its own
 process): the advantage sign, the loss mask, the logprobs the ratio is
-computed against, the weight sync, or (multi-turn tasks) which turns train and whether the tool
-result between them is trained as generated.
+computed against, the weight sync, (multi-turn tasks) which turns train and whether the tool
+result between them is trained as generated, or (several policies) which policy trains which rows.
 Metrics go to ``RUN_DIR/metrics.jsonl``.
 """
 
@@ -123,6 +123,20 @@ def _no_weight_sync() -> list[str]:
     return []
 
 
+def _swapped_policies() -> list[str]:
+    """Each policy trains on the rows the other sampled (several policies): the datums of
+    ``up`` go to ``down``'s backend and back, as a loop that mixed up its policies would."""
+    real = _original(signal, "datums_by_policy")
+
+    def swapped(datums: Any, policies: Any) -> Any:
+        grouped = real(datums, policies)
+        names = list(grouped)
+        return {name: grouped[names[(i + 1) % len(names)]] for i, name in enumerate(names)}
+
+    _patch(signal, "datums_by_policy", swapped)
+    return []
+
+
 SABOTAGES: dict[str, Callable[[], list[str]]] = {
     "negated-advantages": _negate_advantages,
     "shifted-mask": _shift_mask,
@@ -130,6 +144,7 @@ SABOTAGES: dict[str, Callable[[], list[str]]] = {
     "no-weight-sync": _no_weight_sync,
     "second-turn-untrained": _second_turn_untrained,
     "tool-result-trained": _tool_result_trained,
+    "swapped-policies": _swapped_policies,
 }
 
 
