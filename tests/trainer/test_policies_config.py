@@ -1,5 +1,5 @@
 """``policies`` in the run config: typed, checked, routed, and refused at start-up by every
-backend that does not declare ``multi_policy`` (all but local), and by the modes that serve one
+backend that does not declare ``multi_policy`` (all but local and Tinker), and by the modes that serve one
 set of weights (``trainer.mode=async``, an inference-server fleet)."""
 
 from __future__ import annotations
@@ -77,11 +77,12 @@ def _verl_spec() -> BackendSpec:
         sys.path.remove(str(ROOT / "plugins" / "verl"))
 
 
-def test_only_local_declares_multi_policy_and_every_other_backend_refuses_two() -> None:
+def test_only_local_and_tinker_declare_multi_policy_and_every_other_backend_refuses_two() -> None:
     plugins = load_plugins()
-    assert plugins.backend("local").multi_policy is True
-    check_policy_support(["planner", "coder"], plugins.backend("local"))
-    specs = [plugins.backend(name) for name in ("tinker", "sagemaker", "slime")] + [_verl_spec()]
+    for name in ("local", "tinker"):
+        assert plugins.backend(name).multi_policy is True, name
+        check_policy_support(["planner", "coder"], plugins.backend(name))
+    specs = [plugins.backend(name) for name in ("sagemaker", "slime")] + [_verl_spec()]
     for spec in specs:
         assert spec.multi_policy is False, spec.name
         check_policy_support(["solo"], spec)  # one policy is today's run

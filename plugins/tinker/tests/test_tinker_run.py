@@ -158,3 +158,83 @@ def test_tis_cap_is_refused_before_anything_is_sent(tmp_path: Path, service: Fak
     cfg, plugins = _cfg(tmp_path / "run", "algorithm.tis_cap=2.0", "trainer.max_steps=1")
     with pytest.raises(ConfigError, match="cannot truncate importance weights"):
         asyncio.run(Trainer(cfg, plugins).run())
+
+
+TWO_ROLES = ["task=two_roles", "+policies.up={}", "+policies.down={}", "trainer.canary=false", "trainer.eval_every=0"]
+"""The two-role task (each rollout calls model ``up`` then ``down``) with a policy per role."""
+
+
+def _turns(run_dir: Path) -> dict[str, dict[str, int]]:
+    """Turns of each policy in the run's stored traces, by trace kind (train, eval)."""
+    from core.rundir.traces import list_traces, read_traces, rows_of, trace_path
+
+    counts: dict[str, dict[str, int]] = {}
+    for kind, steps in list_traces(run_dir).items():
+        for step in steps:
+            for rollout in read_traces(trace_path(run_dir, kind, step)).rollouts:
+                for row in rows_of(rollout):
+                    mine = counts.setdefault(row.policy(), {})
+                    mine[kind] = mine.get(kind, 0) + len(row.turns)
+    return counts
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_policies_train_on_their_own_clients_and_resume_each(tmp_path: Path, service: FakeServiceClient) -> None:
+    """``policies`` with two entries on Tinker: a training client and a sampling client per
+    policy, each policy's turns sampled only by its own clients, a version per policy, a
+    checkpoint per policy named for it and its version, and a resume that restores each."""
+    run_dir = tmp_path / "run"
+    cfg, plugins = _cfg(run_dir, *TWO_ROLES, "trainer.max_steps=2")
+    trainer = Trainer(cfg, plugins)
+    assert asyncio.run(trainer.run()) == 0
+
+    up, down = trainer.policies["up"], trainer.policies["down"]
+    assert trainer.policies.versions() == {"up": 2, "down": 2}
+    # One LoRA training client per policy, each trained twice.
+    assert [c["kind"] for c in service.log.creates] == ["lora", "lora"]
+    assert len(service.training_clients) == 2
+    assert {id(up._training), id(down._training)} == {id(c) for c in service.training_clients}
+    assert [c.steps for c in service.training_clients] == [2, 2]
+    assert trainer.gateway.sampler_of("up") is up.sampler and trainer.gateway.sampler_of("down") is down.sampler
+    # Each policy's turns were sampled by its own clients: the initial one and one per step.
+    clients = {
+        name: [c for c in service.sampling_clients if c.trainer is backend._training]
+        for name, backend in (("up", up), ("down", down))
+    }
+    assert {name: [c.steps for c in mine] for name, mine in clients.items()} == {"up": [0, 1, 2], "down": [0, 1, 2]}
+    # Two steps of 10 rollouts, and the evaluations before the first step and at the end,
+    # each rollout one turn of each policy; every turn sampled by its own policy's clients.
+    turns = _turns(run_dir)
+    assert turns["up"]["train"] == turns["down"]["train"] == 20
+    assert turns["up"]["eval"] == turns["down"]["eval"] > 0
+    assert {name: sum(c.sampled for c in mine) for name, mine in clients.items()} == {
+        name: sum(kinds.values()) for name, kinds in turns.items()
+    }
+    # A checkpoint per policy and step, named for the policy and the version it holds.
+    assert sorted(service.log.saves) == sorted(
+        f"tinker://run-1/weights/step_00000{step}_backend_{name}-v{step}" for step in (1, 2) for name in ("up", "down")
+    )
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
+    assert state["policies"] == {
+        name: f"tinker://run-1/weights/step_000002_backend_{name}-v2" for name in ("up", "down")
+    }
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    for r in records:
+        for name in ("up", "down"):
+            assert r[f"policy/{name}/weight_version"] == r["step"]
+            assert r[f"policy/{name}/turns"] == 10
+            assert isinstance(r[f"policy/{name}/loss"], float)
+    assert service.log.closes == ["success", "success"]
+
+    resumed_cfg, plugins = _cfg(run_dir, *TWO_ROLES, "trainer.max_steps=3", "trainer.resume=true")
+    resumed = Trainer(resumed_cfg, plugins)
+    assert asyncio.run(resumed.run()) == 0
+    # Each policy restored from its own checkpoint into its own client, then trained once more.
+    restored = [c for c in service.log.creates if c["kind"] == "from_state"]
+    assert sorted(c["path"] for c in restored) == sorted(state["policies"].values())
+    assert resumed.policies.versions() == {"up": 3, "down": 3}
+    assert [c.steps for c in service.training_clients[-2:]] == [3, 3]
+    step3 = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step") == 3 and "reward/mean" in r]
+    assert [(r["policy/up/weight_version"], r["policy/down/weight_version"]) for r in step3] == [(3.0, 3.0)]
+    assert service.log.closes == ["success"] * 4

@@ -74,6 +74,10 @@ class FakeSamplingClient:
         self.vocab = vocab
         self.eos = eos
         self.hold = False
+        self.sampled = 0
+        """Requests this client answered (a policy's turns go to its own clients only)."""
+        self.trainer: FakeTrainingClient | None = None
+        """The training client whose weights this client samples."""
         self.pending: list[tuple[concurrent.futures.Future[Any], types.SampleResponse]] = []
         self._ids = itertools.count()
         self._calls = itertools.count()
@@ -84,6 +88,7 @@ class FakeSamplingClient:
         assert isinstance(prompt, types.ModelInput), type(prompt)
         assert isinstance(sampling_params, types.SamplingParams), type(sampling_params)
         self.log.samples.append((prompt, num_samples, sampling_params))
+        self.sampled += 1
         response = types.SampleResponse(
             sequences=[self._decode(prompt.to_ints(), sampling_params) for _ in range(num_samples)]
         )
@@ -175,6 +180,7 @@ class FakeTrainingClient:
         client = FakeSamplingClient(
             self.steps, self.service.log, self.service.vocab, self.service.eos, self.service.cycle_first
         )
+        client.trainer = self
         self.service.sampling_clients.append(client)
         return BackcompatSamplingClientFuture(done(client))
 

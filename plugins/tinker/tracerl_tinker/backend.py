@@ -142,15 +142,19 @@ def _checkpoint_name(path: str, version: int) -> str:
     """Tinker names checkpoints; derive a unique, safe name from the trainer's path and
     the weight version it holds.
 
-    The loop saves to ``.../checkpoints/step_000010/backend``, so the last two
-    components are kept (``step_000010_backend``): a name reused within a run
-    would collide with the earlier checkpoint. The name ends in ``-v<version>``
-    (``saved_version`` reads it back), so a resumed run serves the version it
-    saved instead of starting again at 1.
+    The loop saves to ``.../checkpoints/step_000010/backend``, so the components from the
+    step directory on are kept (``step_000010_backend``): a name reused within a run
+    would collide with the earlier checkpoint. With several policies each policy's backend
+    saves to ``.../step_000010/backend/<policy>``, so its name carries the policy too
+    (``step_000010_backend_coder``). A path with no ``step_*`` component keeps its last
+    two. The name ends in ``-v<version>`` (``saved_version`` reads it back), so a resumed
+    run serves the version it saved instead of starting again at 1.
     """
     suffix = f"-v{version}"
-    parts = [p for p in path.replace("\\", "/").split("/") if p][-2:] or ["state"]
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(parts))[-(100 - len(suffix)) :] + suffix
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    steps = [i for i, p in enumerate(parts) if re.fullmatch(r"step_\d+", p)]
+    kept = parts[steps[-1] :] if steps else parts[-2:]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "_".join(kept or ["state"]))[-(100 - len(suffix)) :] + suffix
 
 
 def saved_version(path: str) -> int | None:

@@ -24,5 +24,9 @@ def tracerl_register_backends(registry: BackendRegistry) -> None:
             factory=_make_backend,
             config=TinkerBackendConfig,
             description="LoRA training and sampling in the Tinker service (needs TINKER_API_KEY)",
+            # Several policies: core builds one TinkerBackend per policy, each with its own
+            # training and sampling client, weight version and checkpoints named for the
+            # policy (docs/backends/tinker.md, docs/multi_agent.md).
+            multi_policy=True,
         )
     )
