@@ -22,6 +22,7 @@ import re
 import shlex
 import subprocess
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,8 @@ class PageCommand:
     """Overrides added after the command: cuts (steps, rows) and where it writes."""
     makes: str = ""
     """A file the run must leave, relative to its working directory."""
+    shows: str = ""
+    """Text the run must print (on stdout or stderr)."""
 
 
 EVAL_CUT = ("eval.limit=4", "eval.progress=false", "runtime.num_processes=1")
@@ -297,7 +300,14 @@ TASK_ARGS = "task=custom task.agent=my_agent:app task.train_path=data/train.json
 SCRIPTED = "a scripted OpenAI-compatible server on loopback (tests/eval/scripted_openai.py; no network here)"
 TINY = "{model}: the tiny model as a Hugging Face directory (export_model of a fresh local backend)"
 NO_GPU = "needs a GPU and vLLM/SGLang, neither of which is here"
-FLEET = "needs a vLLM/SGLang server on a GPU; tests/trainer/test_fleet.py trains through stand-in servers (marker long)"
+STAND_IN = (
+    "needs a GPU and vLLM/SGLang; python -m tracerl_local.serve (the local backend's server, which speaks "
+    "both engines' token and weight-update APIs) stands in for it in the training command below"
+)
+SERVED = (
+    "{server}: python -m tracerl_local.serve serving {model} on CPU for the engine; "
+    + TINY + " for Qwen3-4B; backend.device=cpu; one step of 2x2 rollouts"
+)
 
 PAGE_COMMANDS: dict[str, dict[str, PageCommand]] = {
     "docs/eval.md": {
@@ -319,7 +329,7 @@ PAGE_COMMANDS: dict[str, dict[str, PageCommand]] = {
             ("eval.output_dir=math", "eval.limit=2", "eval.progress=false", "runtime.num_processes=1"),
             "math/summary.json"),
         "python -m core.eval compare base/results.jsonl trained/results.jsonl": PageCommand(
-            "run", "as written, on the evaluations of the base model and of the run above"),
+            "run", "as written, on the evaluations of the base model and of the run above", shows="reward_mean"),
         'python -m core.train reward=judge reward.endpoint=https://api.openai.com/v1 reward.model=gpt-4o-mini '
         """'reward.rubric="Full marks for a correct, short answer"'""": PageCommand(
             "run", f"{SCRIPTED} as the judge (0.5 for every trajectory); one step of 2x2 rollouts",
@@ -362,15 +372,21 @@ PAGE_COMMANDS: dict[str, dict[str, PageCommand]] = {
     },
     "docs/samplers.md": {
         "VLLM_SERVER_DEV_MODE=1 vllm serve /models/Qwen3-4B --port 8000 --logprobs-mode processed_logprobs "
-        "--max-model-len 8192 --gpu-memory-utilization 0.45": PageCommand("not run", NO_GPU),
+        "--max-model-len 8192 --gpu-memory-utilization 0.45": PageCommand("not run", STAND_IN),
         "python -m core.train backend.model=/models/Qwen3-4B backend.device=cuda:0 sampler=vllm "
         "sampler.urls='[http://127.0.0.1:8000]' algorithm.max_tokens=1024 gateway.max_context_tokens=8192 "
-        "+gateway.chat_template_kwargs.enable_thinking=false": PageCommand("composed", FLEET),
+        "+gateway.chat_template_kwargs.enable_thinking=false": PageCommand(
+            "run", SERVED,
+            (("/models/Qwen3-4B", "{model}"), ("cuda:0", "cpu"), ("http://127.0.0.1:8000", "{server}")),
+            (*TRAIN_CUT, "run_dir=vllm-run"), "vllm-run/metrics.jsonl", "sampler=vllm: 1 server(s) serve weight version 0"),
         "python -m sglang.launch_server --model-path /models/Qwen3-4B --port 30000 --context-length 8192 "
-        "--mem-fraction-static 0.45": PageCommand("not run", NO_GPU),
+        "--mem-fraction-static 0.45": PageCommand("not run", STAND_IN),
         "python -m core.train backend.model=/models/Qwen3-4B backend.device=cuda:0 sampler=sglang "
         "sampler.urls='[http://127.0.0.1:30000]' algorithm.max_tokens=1024 gateway.max_context_tokens=8192 "
-        "+gateway.chat_template_kwargs.enable_thinking=false": PageCommand("composed", FLEET),
+        "+gateway.chat_template_kwargs.enable_thinking=false": PageCommand(
+            "run", SERVED,
+            (("/models/Qwen3-4B", "{model}"), ("cuda:0", "cpu"), ("http://127.0.0.1:30000", "{server}")),
+            (*TRAIN_CUT, "run_dir=sglang-run"), "sglang-run/metrics.jsonl", "sampler=sglang: 1 server(s) serve weight version 0"),
     },
 }
 """Every command of these pages' console and bash blocks, in the order a run needs them."""
@@ -397,7 +413,7 @@ def _as_run(command: str, how: PageCommand, paths: dict[str, str]) -> str:
 def test_every_page_command_is_run_or_accounted_for() -> None:
     """A new command on these pages fails here until PAGE_COMMANDS says how it is checked; every
     ``core.train``/``core.eval`` one that is run or composed composes (substitutions applied)."""
-    paths = {"run": "/tmp/run", "model": "/tmp/model", "endpoint": "http://127.0.0.1:9/v1"}
+    paths = {"run": "/tmp/run", "model": "/tmp/model", "endpoint": "http://127.0.0.1:9/v1", "server": "http://127.0.0.1:9"}
     for page, listed in PAGE_COMMANDS.items():
         on_page = _page_commands(page)
         assert sorted(set(on_page) - set(listed)) == [], f"{page}: commands not in PAGE_COMMANDS"
@@ -416,9 +432,17 @@ def _scripted_reply(body: dict[str, Any]) -> str:
     return json.dumps({"scores": [{"id": i, "score": 0.5, "why": "fixed"} for i in ids]}) if ids else "4"
 
 
-def _page_setup(page: str, cwd: Path) -> dict[str, str]:
-    """What a page's commands assume exists: eval.md a trained run, real_models.md the
-    quickstart's agent and data and a model directory."""
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    process.wait(30)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def _page_setup(page: str, cwd: Path, stack: ExitStack) -> dict[str, str]:
+    """What a page's commands assume exists: eval.md a trained run; real_models.md the
+    quickstart's agent and data and a model directory; samplers.md a model directory and
+    a server of it (``python -m tracerl_local.serve``, stopped when ``stack`` closes)."""
     if page == "docs/eval.md":
         command = f"python -m core.train {' '.join(TRAIN_CUT)} trainer.max_steps=2 run_dir={cwd / 'run'}"
         proc = _run(command, cwd)
@@ -440,27 +464,34 @@ def _page_setup(page: str, cwd: Path) -> dict[str, str]:
         model = asyncio.run(backend.export_model(str(cwd / "models" / "tiny")))
     finally:
         asyncio.run(backend.aclose())
-    return {"model": model}
+    if page != "docs/samplers.md":
+        return {"model": model}
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tracerl_local.serve", "--model", model, "--device", "cpu", "--port", "0"],
+        cwd=cwd, env=_env(), stdout=subprocess.PIPE, text=True,
+    )
+    stack.callback(_stop, serve)
+    assert serve.stdout is not None
+    return {"model": model, "server": json.loads(serve.stdout.readline())["url"]}
 
 
 @pytest.mark.long
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("page", ["docs/eval.md", "docs/real_models.md"])
+@pytest.mark.parametrize("page", ["docs/eval.md", "docs/real_models.md", "docs/samplers.md"])
 def test_page_commands_run(page: str, tmp_path: Path) -> None:
     """The commands PAGE_COMMANDS marks ``run``, in a fresh directory, in its order, with its
-    substitutions and cuts; each must succeed and leave the file it names."""
+    substitutions and cuts; each must succeed, leave the file and print the text it names."""
     from tests.eval.scripted_openai import ScriptedOpenAI
 
-    with ScriptedOpenAI(_scripted_reply) as server:
-        paths = {**_page_setup(page, tmp_path), "endpoint": server.base_url}
+    with ScriptedOpenAI(_scripted_reply) as server, ExitStack() as stack:
+        paths = {**_page_setup(page, tmp_path, stack), "endpoint": server.base_url}
         for command, how in PAGE_COMMANDS[page].items():
             if how.how != "run":
                 continue
             proc = _run(_as_run(command, how, paths), tmp_path, *how.append, env={"OPENAI_API_KEY": "sk-docs-walk"})
             assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
             assert not how.makes or (tmp_path / how.makes).is_file(), (command, how.makes, proc.stdout[-2000:])
-            if " compare " in command:
-                assert "reward_mean" in proc.stdout, proc.stdout
+            assert how.shows in proc.stdout + proc.stderr, (command, how.shows, proc.stdout[-2000:])
         requests = list(server.requests)
     if page == "docs/eval.md":
         hosted = json.loads((tmp_path / "hosted" / "summary.json").read_text())
@@ -478,7 +509,7 @@ def test_quickstart_real_model_command_runs_on_a_model_directory(tmp_path: Path)
     section = _section(QUICKSTART.read_text(), "## 2. Bring your own agent")
     (command,) = [c for c in _train_commands(section) if "backend.model=" in c]
     assert "backend.model=/path/to/hf/model" in command, command
-    paths = _page_setup("docs/real_models.md", tmp_path)
+    paths = _page_setup("docs/real_models.md", tmp_path, ExitStack())
     proc = _run(command.replace("/path/to/hf/model", paths["model"]), tmp_path, *TRAIN_CUT, "run_dir=run")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "run finished at step 1 (task=custom backend=local)" in proc.stdout, proc.stdout
