@@ -292,6 +292,13 @@ def gateway_ramp(out: Path) -> dict[str, Any]:
     return _gateway(["--workload", "ramp", "--quick", "--ramp-delay", "0.02:0.5"], out, "gateway_ramp")
 
 
+def gateway_shards(out: Path) -> dict[str, Any]:
+    """benchmarks/gateway_shards.py: 256 sessions of ~1k tokens against one gateway process and
+    against two shards (``gateway.shards``): turns/s, latency p50/p99, gateway CPU per turn."""
+    code, wall, rows = _benchmark_json(["benchmarks/gateway_shards.py"], out, "gateway_shards")
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows}
+
+
 def local_sampler(out: Path) -> dict[str, Any]:
     """benchmarks/local_sampler.py: batched vs sequential decoding of the tiny model (2 threads)."""
     code, wall, rows = _benchmark_json(["benchmarks/local_sampler.py"], out, "local_sampler")
@@ -394,6 +401,7 @@ FIGURES = [
         "gateway_ramp", "python benchmarks/gateway.py --workload ramp --quick --ramp-delay 0.02:0.5",
         ["docs/gateway.md"], "2-4 min", gateway_ramp,
     ),
+    Figure("gateway_shards", "python benchmarks/gateway_shards.py", ["docs/scale.md"], "3 min", gateway_shards),
     Figure("local_sampler", "python benchmarks/local_sampler.py", ["docs/backends/local.md"], "30 s", local_sampler),
     Figure("traces", "python benchmarks/traces.py", ["docs/viewer.md"], "30-60 s", traces),
     Figure(

@@ -18,6 +18,9 @@ in it). Reported per shard count:
   sleep (none by default: ``--delay 0`` makes the gateways the bottleneck);
 - gateway CPU per turn: CPU seconds of all shard processes together (``/admin/stats``
   ``process_time`` summed, ``GatewayShards.stats``) over the measured turns;
+- the share of a core each shard kept busy (its CPU seconds over the wall time): near 1,
+  one gateway process is the bottleneck and more shards buy turns/s; well under 1,
+  something else is (here, usually the load generator);
 - the ratio of each count's turns/s to one shard's.
 
 The load generator shares the machine's cores with the shards; on 2 cores it takes
@@ -134,6 +137,7 @@ async def _scenario(shards_n: int, sessions: int, turns: int, delay: str, contex
         "p99_ms": round(1000 * _pct(latencies, 0.99), 2),
         "sampler_sleep_mean_ms": round(1000 * base, 2),
         "gateway_cpu_ms_per_turn": round(1000 * (cpu1 - cpu0) / measured, 3),
+        "core_share_per_shard": round((cpu1 - cpu0) / wall / shards_n, 3),
         "client_cpu_ms_per_turn": round(1000 * (client1 - client0) / measured, 3),
     }
 
@@ -159,7 +163,8 @@ def main() -> int:
         for r in rows:
             print(f"shards={r['shards']}: {r['turns_per_s']} turns/s "
                   f"({r['turns_per_s'] / one['turns_per_s']:.2f}x one shard), "
-                  f"gateway CPU {r['gateway_cpu_ms_per_turn']} ms/turn, p99 {r['p99_ms']} ms")
+                  f"gateway CPU {r['gateway_cpu_ms_per_turn']} ms/turn, each shard busy "
+                  f"{r['core_share_per_shard']:.0%} of a core, p99 {r['p99_ms']} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0

@@ -173,3 +173,61 @@ def test_shards_refuse_a_sampler_inside_the_trainer() -> None:
     ]
     with pytest.raises(ConfigError, match=r"gateway.shards must be an integer >= 1"):
         GatewayConfig(shards=0)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_training_run_with_two_shards(tmp_path: Path) -> None:
+    """``python -m core.train gateway.shards=2`` with ``python -m tracerl_local.serve`` as the
+    fleet: every rollout of every step lands, each step's turns come from the weights the
+    step before pushed, and nothing fails."""
+    import json
+    import subprocess
+    import sys
+
+    from core.rundir.metrics import read_metrics
+    from core.rundir.traces import read_traces, rows_of
+
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tracerl_local.serve", "--port", "0", "--task", "succ_digit"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert serve.stdout is not None
+        url = json.loads(serve.stdout.readline())["url"]
+        run_dir = tmp_path / "run"
+        proc = subprocess.run(
+            [sys.executable, "-m", "core.train", f"run_dir={run_dir}", "trainer.progress=false",
+             "trainer.loggers=[jsonl]", "trainer.max_steps=2", "trainer.batch_size=4", "trainer.group_size=4",
+             "sampler=sglang", f"sampler.urls=[{url}]", "gateway.shards=2"],
+            capture_output=True, text=True, timeout=800,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        serve.terminate()
+        serve.wait(30)
+        if serve.stdout is not None:
+            serve.stdout.close()
+    steps = {int(r["step"]): r for r in read_metrics(run_dir / "metrics.jsonl") if "rollouts/total" in r}
+    for step in (1, 2):
+        assert steps[step]["rollouts/total"] == 16 and steps[step]["rollouts/failed"] == 0
+        stored = read_traces(run_dir / "traces" / f"train_{step:06d}.jsonl.gz")
+        rows = [row for r in stored.rollouts for row in rows_of(r)]
+        assert len(rows) == 16 and all(row.num_generated > 0 for row in rows)
+        assert {t.weight_version for row in rows for t in row.turns} == {step - 1}
+
+
+def test_a_run_sampling_with_its_backend_refuses_shards(tmp_path: Path) -> None:
+    """``gateway.shards=2`` with the backend's own sampler fails before any rollout, saying what to use."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "core.train", f"run_dir={tmp_path / 'run'}", "trainer.progress=false",
+         "trainer.max_steps=1", "gateway.shards=2"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode != 0
+    assert "gateway.shards=2 needs a sampler every gateway process can call" in proc.stderr + proc.stdout
+    assert "sampler=sglang" in proc.stderr + proc.stdout
