@@ -3,7 +3,8 @@
 Public names (``__all__``), imported on first use so ``import core.testing``
 stays cheap and does not need pytest until a suite is used:
 
-- ``BackendConformance``: the driven-backend conformance suite (``core.testing.conformance``).
+- ``BackendConformance``: the driven-backend conformance suite (``core.testing.conformance``);
+  ``MultiPolicyConformance`` its case for a backend that declares ``multi_policy``.
 - ``RuntimeConformance``: the rollout-runtime fault-contract suite
   (``core.testing.runtime_conformance``); runtimes serve ``CONFORMANCE_AGENT``.
 - ``build_backend`` / ``build_runtime`` / ``compose_config``: build a registered
@@ -22,6 +23,7 @@ from typing import Any
 __all__ = [
     "CONFORMANCE_AGENT",
     "BackendConformance",
+    "MultiPolicyConformance",
     "RuntimeConformance",
     "build_backend",
     "build_runtime",
@@ -33,6 +35,7 @@ __all__ = [
 _WHERE = {
     "CONFORMANCE_AGENT": "core.testing.conformance_agent",
     "BackendConformance": "core.testing.conformance",
+    "MultiPolicyConformance": "core.testing.conformance",
     "datum_from_sample": "core.testing.conformance",
     "RuntimeConformance": "core.testing.runtime_conformance",
     "conformance_request": "core.testing.runtime_conformance",

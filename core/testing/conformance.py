@@ -14,7 +14,8 @@ Usage, in the backend's own tests::
 
 Each test runs its body in one ``asyncio.run`` and closes the backend at the
 end. The suite checks behaviour, not implementation: the sampler contract,
-datum shapes, loss names, rebind semantics and state round trips.
+datum shapes, loss names, rebind semantics and state round trips; ``MultiPolicyConformance``
+adds the case of a backend that declares ``multi_policy`` (instances that train apart).
 """
 
 from __future__ import annotations
@@ -216,3 +217,45 @@ class BackendConformance:
                 assert max(gaps) <= 1e-5
 
         self.run(backend, body)
+
+
+class MultiPolicyConformance:
+    """Mixin of tests for a backend that declares ``multi_policy``: core's loop builds one
+    instance per policy from the same config (docs/multi_agent.md), so two instances must
+    train, serve and version apart. Subclasses provide a ``backends`` fixture: two instances
+    built as the backend's factory builds them for two policies of one run.
+    """
+
+    @pytest.fixture
+    def backends(self) -> tuple[TrainingBackend, TrainingBackend]:  # pragma: no cover - subclasses override
+        raise NotImplementedError("subclass MultiPolicyConformance and define a `backends` fixture")
+
+    def test_policies_train_and_serve_apart(self, backends: tuple[TrainingBackend, TrainingBackend]) -> None:
+        first, second = backends
+        tok = first.get_tokenizer()
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": "After 3?"}], tokenize=False, add_generation_prompt=True
+        )
+        prompt = list(tok.encode(text, add_special_tokens=False))
+        params = SamplingParams(max_tokens=4, seed=7)
+
+        async def body() -> None:
+            try:
+                before = await second.sampler.sample(prompt, params, session_id="p2")
+                sample = await first.sampler.sample(prompt, params, session_id="p1")
+                for _ in range(3):
+                    await first.forward_backward([datum_from_sample(prompt, sample)], "cross_entropy")
+                    await first.optim_step(AdamParams(learning_rate=1e-2))
+                await first.sync_sampler()
+                assert (first.weight_version, second.weight_version) == (1, 0)
+                trained = await first.sampler.sample(prompt, params, session_id="p1")
+                untouched = await second.sampler.sample(prompt, params, session_id="p2")
+                # The trained policy moved towards its sample; the other serves what it did.
+                assert sum(trained.logprobs) > sum(sample.logprobs)
+                assert untouched.token_ids == before.token_ids and untouched.weight_version == 0
+                assert untouched.logprobs == pytest.approx(before.logprobs, abs=1e-6)
+            finally:
+                await first.aclose()
+                await second.aclose()
+
+        asyncio.run(body())

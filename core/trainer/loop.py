@@ -12,6 +12,10 @@ at a time per ``run_dir``, and no fresh run over an old run's checkpoints. A con
 warning when a step's tool calls fail to parse far more often than before, or when
 tools were offered and no turn called one (``core.trainer.parse_watch``).
 
+With several ``policies`` (a backend that declares ``multi_policy``) the loop builds a
+backend per policy (``core.trainer.policies``), the gateway samples each turn with its
+policy's sampler, and the update trains, syncs and checkpoints each policy on its own rows.
+
 ``sampler=vllm|sglang`` (``core.trainer.fleet``) samples from inference servers
 instead of the backend's sampler: before the first rollout and after each
 optimizer step the backend's weights are written to disk and loaded into

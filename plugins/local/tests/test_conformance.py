@@ -6,7 +6,7 @@ import pytest
 from tracerl_local.backend import LocalBackend
 from tracerl_local.config import LocalBackendConfig
 
-from core.testing.conformance import BackendConformance
+from core.testing.conformance import BackendConformance, MultiPolicyConformance
 
 
 class TestLocalBackendConformance(BackendConformance):
@@ -15,3 +15,11 @@ class TestLocalBackendConformance(BackendConformance):
     @pytest.fixture
     def backend(self) -> LocalBackend:
         return LocalBackend(LocalBackendConfig(), seed=0)
+
+
+class TestLocalMultiPolicyConformance(MultiPolicyConformance):
+    """``backend=local`` declares ``multi_policy``: a backend per policy, from one config and seed."""
+
+    @pytest.fixture
+    def backends(self) -> tuple[LocalBackend, LocalBackend]:
+        return LocalBackend(LocalBackendConfig(), seed=0), LocalBackend(LocalBackendConfig(), seed=0)
