@@ -1,5 +1,11 @@
 """What ``python -m core.eval`` does with a composed config: build, run, write, print.
 
+Through the gateway, an evaluation certifies the model's chat template first, as ``python -m
+core.train`` does (the same cache, ``template_certificate.json`` in the output directory, refused
+unless ``gateway.allow_uncertified_template``), and its summary reports each turn's tool-call
+parse status (``gateway/tool_parse_failed``, ``gateway/parse/<status>``), warning as a training
+step does when calls fail to parse or none is made.
+
 Besides ``results.jsonl`` and ``summary.json``, an evaluation stores its rollouts
 as the training loop stores an evaluation (``traces/``), so ``python -m core.view
 OUTPUT_DIR`` shows every rollout's status, reward and error, and through the
@@ -95,7 +101,7 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
         if ev.endpoint:
             runner, model = await _endpoint_runner(cfg, plugins, closers), str(ev.model)
         else:
-            runner, model, decode = await _gateway_runner(cfg, plugins, closers)
+            runner, model, decode = await _gateway_runner(cfg, plugins, closers, out)
         rewards = build_reward_stage(cfg, plugins, runner)
         closers.append(rewards.aclose)
         outcomes, rows = await run_eval(
@@ -115,6 +121,13 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
     summary = summarize(rows, pass_threshold=float(ev.pass_threshold))
     summary["model"] = model
     summary["checkpoint"] = str(ev.checkpoint) or None
+    if decode is not None:  # through the gateway: each turn's parse status, as a training step reports them
+        from core.gateway.parse_watch import ParseWatch, parse_metrics
+
+        parsed = parse_metrics(row for o in outcomes for row in o.rows)
+        summary.update(parsed)
+        for line in ParseWatch().warnings({**parsed, "step": "eval"}):
+            print(line, file=sys.stderr, flush=True)
     write_rows(out / "results.jsonl", rows)
     # The rollouts for python -m core.view OUTPUT_DIR. Against an endpoint there is no
     # gateway, so no rows or conversation, but status, reward, components and errors.
@@ -144,8 +157,9 @@ async def _endpoint_runner(cfg: Any, plugins: Any, closers: list[Any]) -> Endpoi
     )
 
 
-async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[Any, str, Any]:
+async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any], out: Path) -> tuple[Any, str, Any]:
     from core.gateway import Gateway
+    from core.gateway.certify import certify_on_start
     from core.gateway.config import GatewayConfig
     from core.rollout import start_rollout_stack
 
@@ -160,12 +174,11 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any]) -> tuple[A
     closers.append(backend.aclose)
     if ev.checkpoint:
         await _load_checkpoint(backend, str(ev.checkpoint))
-    gateway = Gateway(
-        tokenizer=backend.get_tokenizer(),
-        sampler=backend.sampler,
-        config=GatewayConfig(**OmegaConf.to_container(cfg.gateway, resolve=True)),  # type: ignore[arg-type]
-        model_id=backend.model_id(),
-    )
+    config = GatewayConfig(**OmegaConf.to_container(cfg.gateway, resolve=True))  # type: ignore[arg-type]
+    gateway = Gateway(tokenizer=backend.get_tokenizer(), sampler=backend.sampler, config=config,
+                      model_id=backend.model_id())
+    # As python -m core.train does: an evaluation's traces are exact or it says which case is not.
+    await certify_on_start(gateway.renderer.tokenizer, config, out_dir=out, end_of_turn_ids=gateway.end_of_turn_ids)
     cfg.trainer.max_concurrent_rollouts = int(ev.concurrency)
     stack = await start_rollout_stack(cfg, gateway, model_id=backend.model_id(), plugins=plugins)
     closers.append(stack.aclose)

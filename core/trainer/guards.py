@@ -4,8 +4,6 @@
   run's checkpoints or metrics;
 - ``check_canary``: the canary rollout reached the gateway and returned a reward;
 - ``check_failures``: a step's rollout failure rate is within ``trainer.max_failure_rate``;
-- ``check_certificate``: the model's chat template certifies (``core.gateway.certify``): its
-  traces equal what the template renders, or the run says it accepts that they may not;
 - ``check_policy_support``: a run with several ``policies`` has a backend that trains them.
 """
 
@@ -22,7 +20,6 @@ from core.rundir.checkpoint import existing_checkpoints
 from core.types import RolloutStatus
 
 if TYPE_CHECKING:
-    from core.gateway.certify import Certificate
     from core.plugins import BackendSpec
 
 
@@ -99,29 +96,3 @@ def check_failures(outcomes: list[RolloutOutcome], *, step: int, max_failure_rat
             f"{dict(statuses)}; first errors: {errors}"
         )
     return statuses
-
-
-def check_certificate(cert: Certificate, *, allow: bool) -> str | None:
-    """Refuse a chat template whose traces would not be exact; returns the line to print
-    (a summary when some cases fork, a warning when a failing template is allowed), or None.
-
-    Raises:
-        ConfigError: a case fails and ``gateway.allow_uncertified_template`` is off.
-    """
-    if cert.verdict == "fails":
-        bad = cert.failing()
-        name = f"case {bad[0].name!r} ({bad[0].what})" if bad else "the end-of-turn check"
-        detail = bad[0].detail if bad else "no token id stops generation (set the eos token or generation config)"
-        if not allow:
-            names = ", ".join(c.name for c in bad)
-            raise ConfigError(
-                f"the model's chat template does not certify: {name} fails: {detail}"
-                + (f" (failing cases: {names})" if len(bad) > 1 else "")
-                + ". Traces recorded with it would not be what the template renders, so the model would be "
-                "trained on contexts it never sees when served. See the table with `python -m core.gateway "
-                "certify MODEL`, fix the template, or set gateway.allow_uncertified_template=true to train anyway"
-            )
-        return f"warning: training with an uncertified chat template (gateway.allow_uncertified_template): {name} fails: {detail}"
-    if cert.verdict == "forks":
-        return cert.summary()
-    return None

@@ -70,7 +70,6 @@ from core.trainer.config import ASYNC_TIS_CAP, load_train_config, policy_routes
 from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.guards import (
     check_canary,
-    check_certificate,
     check_failures,
     check_fresh_run_dir,
     check_policy_support,
@@ -174,16 +173,11 @@ class Trainer:
 
     async def _certify_template(self) -> None:
         """Certify the model's chat template (cached by its hash); refuse one whose traces would
-        not be exact unless ``gateway.allow_uncertified_template`` (``check_certificate``)."""
-        from core.gateway.certify import cached_certificate
+        not be exact unless ``gateway.allow_uncertified_template`` (``core.gateway.certify.gate``)."""
+        from core.gateway.certify import certify_on_start
 
-        cert, _ = await cached_certificate(
-            self.gateway.renderer.tokenizer, config=self.cfg.gateway, end_of_turn_ids=self.gateway.end_of_turn_ids
-        )
-        (self.run_dir / "template_certificate.json").write_text(cert.to_json(), encoding="utf-8")
-        line = check_certificate(cert, allow=self.cfg.gateway.allow_uncertified_template)
-        if line is not None:
-            print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
+        await certify_on_start(self.gateway.renderer.tokenizer, self.cfg.gateway, out_dir=self.run_dir,
+                               end_of_turn_ids=self.gateway.end_of_turn_ids)
 
     @property
     def tis_cap(self) -> float:

@@ -150,6 +150,43 @@ def test_eval_of_a_checkpoint_serves_its_weights(tmp_path: Path) -> None:
         # The rollouts are stored for the viewer like the loop's evaluations.
         stored = RunData(out).step("eval", 0)
         assert len(stored["rollouts"]) == 12, stored.keys()
+        # Certified on start as training is; each turn's parse status reported (no tools offered).
+        assert json.loads((out / "template_certificate.json").read_text())["verdict"] == "holds"
+        assert written["gateway/parse/no_tools"] == 12 and written["gateway/turns_with_tools"] == 0
+        assert written["gateway/tool_parse_failed"] == 0.0
+
+
+@pytest.mark.integration
+def test_eval_refuses_an_uncertified_template_and_runs_with_the_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m core.eval`` through the gateway certifies the model's template first, as training
+    does: the fake backend's tiny tokenizer with the whitespace-broken template of
+    tests/gateway/test_certify.py is refused naming the case and the override, and evaluated with it."""
+    import core.tokenizer
+    from tests.gateway.test_certify import whitespace_template
+
+    built = core.tokenizer.build_tiny_tokenizer
+
+    def broken(**kw: Any) -> Any:
+        tok = built(**kw)
+        tok.chat_template = whitespace_template()
+        return tok
+
+    monkeypatch.setattr(core.tokenizer, "build_tiny_tokenizer", broken)
+    monkeypatch.setenv("TRACERL_CACHE_DIR", str(tmp_path / "cache"))
+    common = ["eval.limit=2", "eval.samples_per_prompt=1", "eval.progress=false"]
+    ecfg, plugins = _cfg(tmp_path, f"eval.output_dir={tmp_path / 'refused'}", *common)
+    with pytest.raises(ConfigError, match="chat template does not certify: case 'plain'") as refused:
+        asyncio.run(evaluate_config(ecfg, plugins))
+    assert "gateway.allow_uncertified_template=true" in str(refused.value)
+    assert not (tmp_path / "refused" / "results.jsonl").exists()
+    ecfg, plugins = _cfg(tmp_path, f"eval.output_dir={tmp_path / 'allowed'}", *common,
+                         "gateway.allow_uncertified_template=true")
+    summary = asyncio.run(evaluate_config(ecfg, plugins))
+    assert summary["rollouts"] == 2
+    assert "warning: training with an uncertified chat template" in capsys.readouterr().err
+    assert json.loads((tmp_path / "allowed" / "template_certificate.json").read_text())["verdict"] == "fails"
 
 
 def _digit_endpoint(body: dict[str, Any]) -> str:

@@ -8,6 +8,9 @@ Exports:
 - ``Certificate``, ``CaseResult``, ``TokenDiff``: what it found (``core.gateway.certify.report``).
 - ``cached_certificate``: a certificate from the cache, or certified and cached
   (``core.gateway.certify.cache``).
+- ``certify_on_start``, ``certify_model_on_start``, ``check_certificate``: what a run does on start
+  (train, eval, the verl and slime launchers): certify, write the certificate, refuse a failing
+  template unless ``gateway.allow_uncertified_template`` (``core.gateway.certify.gate``).
 
 Command line: ``python -m core.gateway certify MODEL_DIR_OR_NAME`` (docs/gateway.md).
 """
@@ -15,6 +18,12 @@ Command line: ``python -m core.gateway certify MODEL_DIR_OR_NAME`` (docs/gateway
 from __future__ import annotations
 
 from core.gateway.certify.cache import cache_dir, cached_certificate
+from core.gateway.certify.gate import (
+    CERTIFICATE_FILE,
+    certify_model_on_start,
+    certify_on_start,
+    check_certificate,
+)
 from core.gateway.certify.report import CERTIFIER_VERSION, CaseResult, Certificate, TokenDiff
 from core.gateway.certify.run import (
     acertify,
@@ -25,6 +34,7 @@ from core.gateway.certify.run import (
 )
 
 __all__ = [
+    "CERTIFICATE_FILE",
     "CERTIFIER_VERSION",
     "CaseResult",
     "Certificate",
@@ -34,6 +44,9 @@ __all__ = [
     "cached_certificate",
     "certified_settings",
     "certify",
+    "certify_model_on_start",
+    "certify_on_start",
+    "check_certificate",
     "template_hash",
     "tokenizer_hash",
 ]

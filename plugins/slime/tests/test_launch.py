@@ -253,3 +253,43 @@ def test_two_policies_are_refused_at_start_up_naming_why(tmp_path: Path) -> None
     assert not (run / "slime").exists(), "nothing is prepared for a launch that cannot start"
     one = _train(["backend=slime", "backend.dry_run=true", f"run_dir={run}", "+policies.solver={}"], tmp_path)
     assert one.returncode == 0, one.stderr[-2000:]  # one policy is today's run
+
+
+def test_the_launch_refuses_an_uncertified_template_and_runs_with_the_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``backend=slime`` certifies the model's chat template before submitting slime, as
+    ``python -m core.train`` does for the backends it drives: an ``hf_checkpoint`` whose tokenizer
+    has the whitespace-broken template of tests/gateway/test_certify.py is refused (no command
+    printed), and prepared with ``gateway.allow_uncertified_template``; ``tiny`` holds."""
+    import json
+
+    from tracerl_slime.backend import SlimeBackend
+
+    from core.tokenizer import build_tiny_tokenizer
+    from tests.gateway.test_certify import whitespace_template
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = whitespace_template()
+    tok.save_pretrained(tmp_path / "model")
+    monkeypatch.setenv("TRACERL_CACHE_DIR", str(tmp_path / "cache"))
+    base = ["backend=slime", "backend.dry_run=true", f"backend.hf_checkpoint={tmp_path / 'model'}"]
+    cfg = compose_tracerl([*base, f"run_dir={tmp_path / 'refused'}"])
+    with pytest.raises(ConfigError, match="chat template does not certify: case 'plain'") as refused:
+        SlimeBackend(cfg).run(cfg)
+    assert "gateway.allow_uncertified_template=true" in str(refused.value)
+    assert "slime command:" not in capsys.readouterr().out
+    cfg = compose_tracerl([*base, f"run_dir={tmp_path / 'allowed'}", "gateway.allow_uncertified_template=true"])
+    assert SlimeBackend(cfg).run(cfg) == 0
+    out = capsys.readouterr()
+    assert "warning: training with an uncertified chat template" in out.err and "slime command:" in out.out
+    assert json.loads((tmp_path / "allowed" / "template_certificate.json").read_text())["verdict"] == "fails"
+    cfg = compose_tracerl(["backend=slime", "backend.dry_run=true", f"run_dir={tmp_path / 'tiny'}"])
+    assert SlimeBackend(cfg).run(cfg) == 0
+    assert json.loads((tmp_path / "tiny" / "template_certificate.json").read_text())["verdict"] == "holds"
+    # Prepared away from the model's files (the documented example's /root/Qwen3-4B): a note, not a refusal.
+    cfg = compose_tracerl(["backend=slime", "backend.dry_run=true", f"run_dir={tmp_path / 'away'}",
+                           f"backend.hf_checkpoint={tmp_path / 'absent'}"])
+    assert SlimeBackend(cfg).run(cfg) == 0
+    assert "note: cannot load the tokenizer of" in capsys.readouterr().err
+    assert not (tmp_path / "away" / "template_certificate.json").exists()

@@ -109,7 +109,14 @@ class SlimeBackend:
                 print("error: cannot launch slime:\n  - " + "\n  - ".join(missing), file=sys.stderr)
                 print(INSTALL_HINT, file=sys.stderr)
                 return 2
-        cmd = self.command(cfg)
+        from core.gateway.certify import certify_model_on_start
+
+        paths = prepare_launch(cfg)
+        # As python -m core.train does for the backends it drives: the same cache, the certificate
+        # in the run directory, refused unless gateway.allow_uncertified_template.
+        certify_model_on_start(str(cfg.backend.hf_checkpoint), cfg.gateway, out_dir=Path(paths.run_dir),
+                               dry_run=bool(cfg.backend.dry_run))
+        cmd = slime_command(cfg, paths)
         print(f"slime command:\n{render_command(cmd)}", flush=True)
         if dry:
             if slime_installed(cfg):

@@ -17,6 +17,8 @@ Rules (documented in docs/backends/slime.md):
 - ``status`` is TRUNCATED when the row's last turn stopped on length, else
   COMPLETED; ``reward`` is the rollout's reward, set here so slime skips
   its own reward model.
+- ``metadata["tracerl"]`` holds the row's counters, ``parse`` among them: how many of the
+  turns it trains ended in each tool-call parse status (``row_parse_counts``).
 - A failed rollout is *one* ABORTED sample with ``remove_sample=True`` and
   a zero loss mask (``failed_sample``): slime drops its tokens from the
   loss, and ``tracerl_slime.rewards`` keeps it out of the group baseline.
@@ -28,6 +30,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from core.gateway.parse_watch import row_parse_counts
 from core.types import FinishReason, TraceRecord
 from tracerl_slime.sample import Sample
 
@@ -101,6 +104,7 @@ def rows_to_samples(
             "turns": len(row.turns),
             "forks": int(row.metadata.get("forks", 0) or 0),
             "ill_formed_tool_calls": int(row.metadata.get("ill_formed_tool_calls", 0) or 0),
+            "parse": row_parse_counts(row),
         }
         out.append(s)
     return out

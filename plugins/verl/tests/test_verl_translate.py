@@ -203,6 +203,58 @@ def test_dry_run_prints_the_exact_command_and_writes_its_inputs(tmp_path: Path) 
         "tracerl_verl.agent_loop.TracerlAgentLoop"
         in (run_dir / "verl" / "agent_loops.yaml").read_text()
     )
+    # Certified before the launch, with the tokenizer verl's workers load from the model directory.
+    assert json.loads((run_dir / "template_certificate.json").read_text())["verdict"] == "holds"
+
+
+def test_the_launch_refuses_an_uncertified_template_and_runs_with_the_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``backend=verl`` certifies the model's chat template before launching verl, as
+    ``python -m core.train`` does for the backends it drives: a model directory whose tokenizer has
+    the whitespace-broken template of tests/gateway/test_certify.py is refused (nothing launched,
+    not even the dry run's command printed), and prepared with ``gateway.allow_uncertified_template``."""
+    from tracerl_verl.backend import VerlBackend
+
+    from core.tokenizer import CHATML_TOOLS_TEMPLATE, build_tiny_tokenizer
+
+    # tests/gateway/test_certify.py's whitespace_template (not importable from verl's test tree):
+    # one more newline after a past assistant turn's header than the generation prompt has.
+    header = "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
+    tok = build_tiny_tokenizer()
+    tok.chat_template = CHATML_TOOLS_TEMPLATE.replace(header, header.replace("\\n'", "\\n\\n'"))
+    assert tok.chat_template != CHATML_TOOLS_TEMPLATE
+    tok.save_pretrained(tmp_path / "model")
+    monkeypatch.setenv("TRACERL_CACHE_DIR", str(tmp_path / "cache"))
+    base = ["backend=verl", "backend.dry_run=true", f"backend.model={tmp_path / 'model'}",
+            "task.generator_kwargs.rows=5"]
+    cfg = compose_tracerl([*base, f"run_dir={tmp_path / 'refused'}"])
+    with pytest.raises(ConfigError, match="chat template does not certify: case 'plain'") as refused:
+        VerlBackend(cfg).run(cfg)
+    assert "gateway.allow_uncertified_template=true" in str(refused.value)
+    assert "verl command:" not in capsys.readouterr().out
+    cfg = compose_tracerl([*base, f"run_dir={tmp_path / 'allowed'}", "gateway.allow_uncertified_template=true"])
+    assert VerlBackend(cfg).run(cfg) == 0
+    out = capsys.readouterr()
+    assert "warning: training with an uncertified chat template" in out.err and "verl command:" in out.out
+    assert json.loads((tmp_path / "allowed" / "template_certificate.json").read_text())["verdict"] == "fails"
+    # A launch (not a dry run) whose model files are not here is refused before verl starts.
+    cfg = compose_tracerl(["backend=verl", f"backend.model={tmp_path / 'absent'}", "task.generator_kwargs.rows=5",
+                           f"run_dir={tmp_path / 'away'}"])
+    with pytest.raises(ConfigError, match="cannot load the tokenizer of .* Launch where the model's files are"):
+        VerlBackend(cfg).run(cfg)
+    assert "verl command:" not in capsys.readouterr().out
+
+
+def test_batch_parse_metrics_sum_the_rows_parse_counts() -> None:
+    """The ``tracerl_sync`` trainer's ``gateway/*`` metrics from its batch's ``tracerl_parse`` entries
+    (rows of other agent loops carry None)."""
+    from tracerl_verl.rows import batch_parse_metrics
+
+    got = batch_parse_metrics([{"calls": 3, "bad_json": 1}, None, {"text": 2, "no_tools": 4}])
+    assert got["gateway/turns_with_tools"] == 6.0 and got["gateway/tool_parse_failed"] == 1 / 6
+    assert got["gateway/parse/calls"] == 3.0 and got["gateway/parse/no_tools"] == 4.0
+    assert batch_parse_metrics([None, None]) == {}
 
 
 def test_two_policies_are_refused_at_start_up_naming_why(tmp_path: Path) -> None:

@@ -106,8 +106,19 @@ class VerlBackend:
         return verl_command(cfg, paths), verl_env(cfg)
 
     def run(self, cfg: Any) -> int:
-        """Run verl to completion (or print the command when ``backend.dry_run``); its exit code."""
-        cmd, env = self.command(cfg)
+        """Run verl to completion (or print the command when ``backend.dry_run``); its exit code.
+
+        Before either, the model's chat template is certified as ``python -m core.train`` does for
+        the backends it drives (``core.gateway.certify.certify_model_on_start``: the same cache,
+        ``template_certificate.json`` in the run directory, refused unless
+        ``gateway.allow_uncertified_template``), with the tokenizer verl's workers load.
+        """
+        from core.gateway.certify import certify_model_on_start
+
+        paths = prepare_launch(cfg)
+        certify_model_on_start(paths.model, cfg.gateway, out_dir=Path(paths.run_dir),
+                               dry_run=bool(cfg.backend.dry_run))
+        cmd, env = verl_command(cfg, paths), verl_env(cfg)
         line = render_command(cmd, env)
         print(f"verl command:\n{line}", flush=True)
         if bool(cfg.backend.dry_run):

@@ -1,7 +1,7 @@
 """Gateway trace rows -> verl ``AgentLoopOutput`` objects.
 
 Defines ``VerlRow`` (one row split at verl's prompt/response boundary),
-``split_row``, ``order_rows`` and ``to_agent_loop_outputs``.
+``split_row``, ``order_rows``, ``to_agent_loop_outputs`` and ``batch_parse_metrics``.
 
 Rules (documented in docs/backends/verl.md):
 
@@ -16,17 +16,22 @@ Rules (documented in docs/backends/verl.md):
   out. A response longer than ``response_length`` is cut at the end (the
   kept tokens read exactly what they read before) and counted.
 - Every row carries ``min_global_steps``/``max_global_steps`` (verl's v1
-  trainer reads them as ints) and ``reward_extra_info`` (read by bracket).
+  trainer reads them as ints) and ``reward_extra_info`` (read by bracket), and
+  ``tracerl_parse``: how many of the turns it trains ended in each tool-call parse
+  status (``core.gateway.parse_watch.row_parse_counts``), which the ``tracerl_sync``
+  trainer sums into the step's ``gateway/*`` metrics (``batch_parse_metrics``).
 - A row whose kept response trains nothing is dropped; verl's rollout
   correction needs at least one trained token per row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.gateway.parse_watch import metrics_from_counts, row_parse_counts
 from core.types import TraceRecord
 
 
@@ -48,6 +53,8 @@ class VerlRow:
     """Generated turns in the row."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Row metadata from the gateway (counters)."""
+    parse: dict[str, int] = field(default_factory=dict)
+    """Turns this row trains by tool-call parse status (``row_parse_counts``)."""
 
     @property
     def trained_tokens(self) -> int:
@@ -67,6 +74,7 @@ def split_row(row: TraceRecord, *, prompt_length: int, response_length: int) -> 
         truncated=end < len(row.token_ids),
         turns=len(row.turns),
         extra=dict(row.metadata),
+        parse=row_parse_counts(row),
     )
 
 
@@ -119,7 +127,20 @@ def to_agent_loop_outputs(
                     "max_global_steps": int(max_global_steps),
                     "reward_extra_info": dict(info),
                     "tracerl_truncated": int(row.truncated),
+                    "tracerl_parse": dict(row.parse),
                 },
             )
         )
     return outputs
+
+
+def batch_parse_metrics(parse: Iterable[Any]) -> dict[str, float]:
+    """The ``gateway/*`` parse metrics of a batch from its rows' ``tracerl_parse`` entries (None
+    for rows of other agent loops); {} when no row has one."""
+    counts: Counter[str] = Counter()
+    seen = False
+    for entry in parse:
+        if isinstance(entry, dict):
+            seen = True
+            counts.update({str(k): int(v) for k, v in entry.items()})
+    return metrics_from_counts(counts) if seen else {}

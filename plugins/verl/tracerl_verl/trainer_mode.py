@@ -30,6 +30,8 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from tracerl_verl.rows import batch_parse_metrics
+
 MODE = "tracerl_sync"
 
 
@@ -66,4 +68,6 @@ class TracerlSyncTrainer(PPOTrainerSync):
             out = super()._update_actor(batch, metrics)
         type(self).optimizer_steps += 1
         metrics["tracerl/rows_per_update"] = float(rows)
+        # Each turn's tool-call parse status, as core's loop reports them per step.
+        metrics.update(batch_parse_metrics(batch.non_tensor_batch.get("tracerl_parse", ())))
         return out
