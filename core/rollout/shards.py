@@ -74,15 +74,25 @@ class ShardSpec:
 
 def shard_spec(gateway: Any, sampler: dict[str, Any], folder: Path, *, public_host: str = "") -> ShardSpec:
     """The spec of shards serving what ``gateway`` (in this process) serves, sampling with
-    ``sampler``; the tokenizer is saved under ``folder``."""
+    ``sampler``; the tokenizer is saved under ``folder``.
+
+    Raises:
+        ConfigError: ``gateway`` serves several policies (a shard has one sampler).
+    """
     from core.tokenizer_export import fingerprint
 
+    policies = gateway.policies
+    if len(policies.names) > 1:
+        raise ConfigError(
+            f"gateway.shards above 1 serves one policy, but policies configures {list(policies.names)}: each "
+            "policy samples with its own weights, and a shard has one sampler. Use gateway.shards=1 with "
+            "several policies (docs/scale.md)"
+        )
     tokenizer = gateway.renderer.tokenizer
     tok_dir = folder / "tokenizer"
     tokenizer.save_pretrained(str(tok_dir))
     config = dataclasses.asdict(gateway.config)
     config["admin_token"] = gateway.admin_token
-    policies = gateway.policies
     return ShardSpec(
         tokenizer_dir=str(tok_dir),
         fingerprint=json.loads(json.dumps(fingerprint(tokenizer))),

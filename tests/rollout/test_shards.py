@@ -165,6 +165,17 @@ def test_a_shard_that_cannot_start_says_so(byte_tokenizer: Any, tmp_path: Path) 
     asyncio.run(go())
 
 
+def test_shards_refuse_several_policies(byte_tokenizer: Any, tmp_path: Path) -> None:
+    from core.gateway.policies import PolicyRoutes
+
+    gw = Gateway(
+        tokenizer=byte_tokenizer, sampler=ScriptedSampler(tokenizer=byte_tokenizer), model_id="tiny",
+        policies=PolicyRoutes(names=("solver", "critic")),
+    )
+    with pytest.raises(ConfigError, match=r"gateway.shards above 1 serves one policy, but policies configures"):
+        shard_spec(gw, {"kind": "scripted"}, tmp_path)
+
+
 def test_shards_refuse_a_sampler_inside_the_trainer() -> None:
     with pytest.raises(ConfigError, match=r"gateway.shards=2 needs a sampler every gateway process can call"):
         shard_sampler({"kind": "backend"}, 2)
