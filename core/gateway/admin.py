@@ -73,10 +73,14 @@ class RewardBody(BaseModel):
 
 
 class SamplerVersionBody(BaseModel):
-    """Body of ``POST /admin/sampler``: the weight version now pushed to the fleet."""
+    """Body of ``POST /admin/sampler``: the weight version now pushed to the fleet, and the
+    servers that push retired."""
 
     model_config = ConfigDict(extra="forbid")
     weight_version: int = Field(ge=0, strict=True)
+    retired: dict[str, str] = {}
+    """Servers the trainer took out of rotation at this push (URL -> why): this gateway's
+    HTTP sampler stops routing to them too."""
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -201,6 +205,11 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         if not hasattr(gateway.sampler, "weight_version"):
             raise bad_request(f"this gateway's sampler ({type(gateway.sampler).__name__}) keeps no weight version")
         gateway.sampler.weight_version = body.weight_version
+        pool = getattr(gateway.sampler, "pool", None)
+        for url, why in body.retired.items():
+            for server in list(getattr(pool, "servers", ())):
+                if server.url == url.rstrip("/"):
+                    pool.retire(server, f"retired by the trainer: {why}")
         return {"weight_version": body.weight_version}
 
     async def drop(request: Request) -> Any:

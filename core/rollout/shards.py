@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,12 +313,18 @@ class GatewayShards:
                 total[key] = total.get(key, 0) + value
         return total
 
-    async def set_weight_version(self, version: int) -> None:
-        """Tell every live shard's HTTP sampler the weights now pushed (after ``Fleet.push``)."""
+    async def set_weight_version(self, version: int, retired: Mapping[str, str] | None = None) -> None:
+        """Tell every live shard's HTTP sampler the weights now pushed, and the servers that
+        push retired (``retired``: URL -> why), so no shard samples from them again."""
+        body = {"weight_version": int(version), "retired": dict(retired or {})}
         for shard in self.shards:
             if shard.alive:
-                resp = await self._http.post(shard.root_url + "/admin/sampler", json={"weight_version": int(version)})
+                resp = await self._http.post(shard.root_url + "/admin/sampler", json=body)
                 resp.raise_for_status()
+
+    async def announce(self, report: Any) -> None:
+        """``set_weight_version`` from a ``core.samplers.weights.PushReport`` (``Fleet.after_push``)."""
+        await self.set_weight_version(int(report.version), dict(report.retired))
 
     async def aclose(self) -> None:
         """Stop every shard (stdin closed, then SIGTERM, then SIGKILL); idempotent."""

@@ -151,9 +151,9 @@ class Fleet:
         self.last: PushReport | None = None
         self._unreported_s = 0.0
         """Push time since ``metrics`` last reported it."""
-        self.after_push: list[Callable[[int], Awaitable[None]]] = []
-        """Called with the version once a push succeeded: the gateway shards' samplers learn it
-        (``core.rollout.shards.GatewayShards.set_weight_version``)."""
+        self.after_push: list[Callable[[PushReport], Awaitable[None]]] = []
+        """Called with the push's report once it succeeded (the probe included): the gateway
+        shards' samplers learn its version and retired servers (``GatewayShards.announce``)."""
 
     async def push(self, backend: Any) -> PushReport:
         """Export ``backend``'s weights (at its ``weight_version``) and load them on every server.
@@ -169,7 +169,7 @@ class Fleet:
         if self.probe is not None:
             await self._probe(backend, self.probe, report)
         for tell in self.after_push:
-            await tell(report.version)
+            await tell(report)
         report.seconds = time.perf_counter() - t0
         self._prune()
         self.last = report

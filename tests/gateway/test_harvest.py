@@ -73,3 +73,27 @@ def test_harvest_of_a_session_finished_early_keeps_its_rows(harness: Harness) ->
     assert _admin(h, "POST", f"/admin/sessions/{sid}/finish").status_code == 200
     got = harvest_from_json(_admin(h, "POST", f"/admin/sessions/{sid}/harvest").json())
     assert got.finished_early and len(got.rows) == 1 and got.rows[0].num_generated > 0
+
+
+def test_sampler_route_sets_the_version_and_retires_servers(make_harness: Any) -> None:
+    """``POST /admin/sampler``: what a gateway shard's HTTP sampler learns after each weight push
+    (no server is contacted: the pool's health checks are off)."""
+    from core.samplers import HttpSamplerConfig, build_http_sampler
+
+    sampler = build_http_sampler(HttpSamplerConfig(
+        kind="sglang", urls=["http://127.0.0.1:9/", "http://127.0.0.1:10"], health_interval_s=0,
+    ))
+    h = make_harness(sampler=sampler)
+    resp = httpx.post(
+        h.server.root_url + "/admin/sampler", headers={"authorization": f"Bearer {h.server.admin_token}"},
+        json={"weight_version": 4, "retired": {"http://127.0.0.1:9": "its logprobs differ"}}, timeout=10,
+    )
+    assert resp.status_code == 200, resp.text
+    assert sampler.weight_version == 4
+    assert [s.url for s in sampler.pool.servers] == ["http://127.0.0.1:10"]
+    assert "retired by the trainer: its logprobs differ" in sampler.pool.retired[0].last_error
+    bad = httpx.post(
+        h.server.root_url + "/admin/sampler", headers={"authorization": f"Bearer {h.server.admin_token}"},
+        json={"weight_version": "5"}, timeout=10,
+    )
+    assert bad.status_code == 400 and "weight_version" in bad.text
