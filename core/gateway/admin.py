@@ -205,7 +205,7 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         if not hasattr(gateway.sampler, "weight_version"):
             raise bad_request(f"this gateway's sampler ({type(gateway.sampler).__name__}) keeps no weight version")
         gateway.sampler.weight_version = body.weight_version
-        pool = getattr(gateway.sampler, "pool", None)
+        pool: Any = getattr(gateway.sampler, "pool", None)
         for url, why in body.retired.items():
             for server in list(getattr(pool, "servers", ())):
                 if server.url == url.rstrip("/"):
