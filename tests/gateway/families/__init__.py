@@ -309,14 +309,7 @@ def _qwen35_backend() -> Any:
 
 def _qwen35(family: Family) -> Any:
     """Qwen3.5 / 3.6's real tokenizer (``_qwen35_backend``) with the family's real template."""
-    from transformers import PreTrainedTokenizerFast
-
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=_qwen35_backend(), eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    assert family.template is not None
-    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
-    return wrapped
+    return _wrap(_qwen35_backend(), family, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
 # ---------------------------------------------------------------------------- Mistral
@@ -397,14 +390,7 @@ def _glm_backend() -> Any:
 
 def _glm(family: Family) -> Any:
     """GLM's tokenizer as this fixture builds it (``_glm_backend``), with the family's real template."""
-    from transformers import PreTrainedTokenizerFast
-
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=_glm_backend(), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-    assert family.template is not None
-    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
-    return wrapped
+    return _wrap(_glm_backend(), family, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
 # ---------------------------------------------------------------------------- MiniMax
@@ -412,6 +398,17 @@ def _glm(family: Family) -> Any:
 MINIMAX_SPECIALS = ("]~!b[", "]~b]", "[e~[", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>")
 """The markers MiniMax M2's template writes as its special tokens (the registry's stop string
 ``[e~[``, the role markers, the reasoning tags, the tool-call tokens its template names)."""
+
+
+def _wrap(backend: Any, family: Family, **specials: str) -> Any:
+    """``backend`` (a ``tokenizers.Tokenizer`` built here) as transformers' fast tokenizer, with the
+    family's special-token roles (``eos_token`` ...) and its real template."""
+    from transformers import PreTrainedTokenizerFast
+
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=backend, **specials)  # type: ignore[no-untyped-call]
+    assert family.template is not None
+    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
+    return wrapped
 
 
 def _on_qwen_bpe(specials: tuple[str, ...]) -> Any:
@@ -429,23 +426,9 @@ def _on_qwen_bpe(specials: tuple[str, ...]) -> Any:
 
 
 def _minimax(family: Family) -> Any:
-    """MiniMax M2's special tokens on Qwen3's whole byte-level BPE (151,643 tokens, Qwen's own
-    special tokens left out), added from id 151643 on: not MiniMax's ids (its stop id is 200020),
-    nor its merges (no package ships its tokenizer); with M2's real template."""
-    from tokenizers import AddedToken, Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    data = json.loads((files(FAMILIES["qwen3"]) / "tokenizer.json").read_text(encoding="utf-8"))
-    data["added_tokens"] = []
-    data["post_processor"] = None
-    tok = Tokenizer.from_str(json.dumps(data))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MINIMAX_SPECIALS])
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tok, eos_token="[e~[", pad_token="[e~["
-    )
-    assert family.template is not None
-    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
-    return wrapped
+    """MiniMax M2's special tokens on Qwen3's whole byte-level BPE (``_on_qwen_bpe``): not MiniMax's
+    ids (its stop id is 200020), nor its merges (no package ships its tokenizer); with M2's real template."""
+    return _wrap(_on_qwen_bpe(MINIMAX_SPECIALS), family, eos_token="[e~[", pad_token="[e~[")
 
 
 # ---------------------------------------------------------------------------- Gemma 3
@@ -456,23 +439,10 @@ strings (the registry's ``stop``: ``<eos>``, ``<end_of_turn>``, ``<start_of_turn
 
 
 def _gemma(family: Family) -> Any:
-    """Gemma 3's special tokens on Qwen3's whole byte-level BPE, from id 151643 on: not Gemma's
-    ids (its stop ids are 1, 105, 106) nor its SentencePiece vocabulary (no package ships it);
-    with Gemma 3's real template."""
-    from tokenizers import AddedToken, Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    data = json.loads((files(FAMILIES["qwen3"]) / "tokenizer.json").read_text(encoding="utf-8"))
-    data["added_tokens"] = []
-    data["post_processor"] = None
-    tok = Tokenizer.from_str(json.dumps(data))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
-    )
-    assert family.template is not None
-    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
-    return wrapped
+    """Gemma 3's special tokens on Qwen3's whole byte-level BPE (``_on_qwen_bpe``): not Gemma's ids
+    (its stop ids are 1, 105, 106) nor its SentencePiece vocabulary (no package ships it); with
+    Gemma 3's real template."""
+    return _wrap(_on_qwen_bpe(GEMMA_SPECIALS), family, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
 
 
 # ---------------------------------------------------------------------------- Kimi K2.5
@@ -492,11 +462,4 @@ def _kimi(family: Family) -> Any:
     """Kimi K2.5's special tokens on Qwen3's whole byte-level BPE (``_on_qwen_bpe``): not Kimi's
     ids, merges or pre-tokenizer (Kimi ships a ``tiktoken.model`` no package carries); with
     K2.5's real template."""
-    from transformers import PreTrainedTokenizerFast
-
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=_on_qwen_bpe(KIMI_SPECIALS), bos_token="[BOS]", eos_token="[EOS]", pad_token="[EOS]"
-    )
-    assert family.template is not None
-    wrapped.chat_template = (TEMPLATES / family.template).read_text(encoding="utf-8")
-    return wrapped
+    return _wrap(_on_qwen_bpe(KIMI_SPECIALS), family, bos_token="[BOS]", eos_token="[EOS]", pad_token="[EOS]")
