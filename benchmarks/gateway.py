@@ -6,6 +6,7 @@
     python benchmarks/gateway.py --workload ramp --ramp-delay 0.02:0.5   # the ramp, scaled down ten times
     python benchmarks/gateway.py --tokenizer tiny  # the tiny offline tokenizer instead of Qwen3's
     python benchmarks/gateway.py --quick           # smaller, for a smoke check
+    python benchmarks/gateway.py --compare-with ../old --grid 1x32000,256x1000   # against another checkout
 
 Starts ``python -m core.gateway`` (scripted sampler) in its own process and
 drives it over real HTTP with httpx from this one. The tokenizer is Qwen3's by
@@ -157,14 +158,19 @@ def _exact(tok: Any, n_tokens: int, seed: int) -> str:
 class Gw:
     """The gateway, in its own process."""
 
-    def __init__(self, reply: str = REPLY, tokenizer: str = "tiny", delay: str = "0") -> None:
+    def __init__(self, reply: str = REPLY, tokenizer: str = "tiny", delay: str = "0", code: str = "") -> None:
+        """``code``: a checkout whose ``core`` the gateway runs (``--compare-with``); '' this one's."""
+        env = None
+        if code:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([code, str(Path(code) / "plugins" / "local")])}
         # One client address holds every connection here: no per-address cap on connections
-        # still sending headers (a loaded load generator is slow to send them).
+        # still sending headers (a loaded load generator is slow to send them). ``python -m``
+        # puts the working directory first on the path, so another checkout runs from its own.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "core.gateway", "--reply", reply, "--max-context-tokens", "0",
              "--sessions", "0", "--max-tokens", "64", "--tokenizer", tokenizer, "--sampler-delay", delay,
              "--max-connections", "4096", "--max-pending-headers-per-client", "0"],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, text=True, env=env, cwd=code or None,
         )
         assert self.proc.stdout is not None
         info = json.loads(self.proc.stdout.readline())
@@ -443,6 +449,87 @@ async def _agent(quick: bool, grid: tuple[tuple[int, int], ...], tokenizer: str,
     return results
 
 
+async def _compare_cell(
+    client: httpx.AsyncClient, gws: dict[str, Gw], texts: AgentTexts, cell: tuple[int, int], blocks: int
+) -> dict[str, Any]:
+    """One ``--compare-with`` cell: ``blocks`` blocks of turns on each gateway, alternated."""
+    sessions, context = cell
+    per = 5 if sessions == 1 else 1
+    extra = {"tools": texts.tools} if texts.tools else {}
+    histories: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for side, gw in gws.items():
+        sids = await _new_sessions(gw, client, sessions)
+        histories[side] = {sid: texts.history(context, i) for i, sid in enumerate(sids)}
+    sizes: list[int] = []
+    tokens: list[int] = []
+
+    async def turn(side: str, sid: str, i: int) -> None:
+        msgs = histories[side][sid]
+        body = json.dumps({"model": "m", "messages": msgs, **extra}).encode()
+        r = await client.post(gws[side].root + "/v1/chat/completions", content=body,
+                              headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
+        r.raise_for_status()
+        out = r.json()
+        texts.check(out["choices"][0]["message"])
+        texts.follow(msgs, out["choices"][0]["message"], i)
+        sizes.append(len(body))
+        tokens.append(out["usage"]["prompt_tokens"])
+
+    async def run(side: str, sid: str, first: int) -> None:
+        for i in range(first, first + per):
+            await turn(side, sid, i)
+
+    for side in gws:  # warm-up: the one full render per session
+        await asyncio.gather(*(turn(side, sid, 0) for sid in histories[side]))
+    sizes.clear()
+    tokens.clear()
+    cpu = dict.fromkeys(gws, 0.0)
+    loads = []
+    for b in range(blocks):
+        loads.append(os.getloadavg()[0])
+        for side in ("this", "other") if b % 2 == 0 else ("other", "this"):
+            cpu0 = gws[side].cpu()
+            await asyncio.gather(*(run(side, sid, 1 + b * per) for sid in histories[side]))
+            cpu[side] += gws[side].cpu() - cpu0
+    for side, gw in gws.items():
+        await _finish_linear(client, gw, list(histories[side]), blocks * per + 1)
+    n = blocks * per * sessions
+    return {
+        "workload": "compare",
+        "sessions": sessions,
+        "context_tokens": round(statistics.mean(tokens)),
+        "body_kb": statistics.mean(sizes) / 1024,
+        "turns": n,
+        "gateway_cpu_ms_per_turn": 1000 * cpu["this"] / n,
+        "other_gateway_cpu_ms_per_turn": 1000 * cpu["other"] / n,
+        "other_over_this": cpu["other"] / cpu["this"],
+        "load_average": f"{min(loads):.1f}-{max(loads):.1f}",
+        "target_context": context,
+    }
+
+
+async def _compare(
+    grid: tuple[tuple[int, int], ...], tokenizer: str, tools: bool, other: str, blocks: int
+) -> list[dict[str, Any]]:
+    """Per cell: this checkout's gateway and ``other``'s side by side, on the same texts, blocks
+    of turns alternated between them (which goes first alternates too), so both meet the same
+    load. Reports each one's gateway CPU per turn and their ratio."""
+    tok = load_tokenizer(tokenizer)
+    texts = ToolTexts(tok) if tools else AgentTexts(tok)
+    gws = {"this": Gw(texts.reply, tokenizer), "other": Gw(texts.reply, tokenizer, code=other)}
+    results = []
+    try:
+        async with httpx.AsyncClient(timeout=600, limits=_limits(300)) as client:
+            for cell in grid:
+                res = await _compare_cell(client, gws, texts, cell, blocks)
+                results.append(res)
+                print(json.dumps(res), flush=True)
+    finally:
+        for gw in gws.values():
+            gw.close()
+    return results
+
+
 async def _ramp(quick: bool, levels: tuple[int, ...], delay: str, tokenizer: str) -> list[dict[str, Any]]:
     """Each level: that many sessions at ~1k tokens in flight at once, ``turns`` turns each."""
     from core.samplers.scripted import spread_delay
@@ -552,11 +639,30 @@ def main() -> int:
     ap.add_argument("--ramp-levels", default=",".join(map(str, RAMP_LEVELS)), help="sessions in flight per step")
     ap.add_argument("--ramp-delay", default="0.2:5", help="sampler latency LOW:HIGH seconds (0.02:0.5: ten times faster)")
     ap.add_argument("--json", default="", help="also write the results to this file")
+    ap.add_argument("--compare-with", default="", metavar="DIR",
+                    help="another checkout (an older commit's worktree): run its gateway beside this one's on "
+                         "the agent (or --workload tools) grid, alternating blocks of turns, and print both CPU "
+                         "figures and their ratio (fair under a shifting load)")
+    ap.add_argument("--blocks", type=int, default=10,
+                    help="--compare-with: blocks of turns per gateway and cell (5 turns a block for one session, "
+                         "one per session for more)")
     args = ap.parse_args()
     workdir = tempfile.TemporaryDirectory(prefix="tracerl-bench-tokenizer-")
     tok = tokenizer_source(args.tokenizer, Path(workdir.name))
     grid = _parse_grid(args.grid) if args.grid else None
     results: list[dict[str, Any]] = []
+    if args.compare_with:
+        cells = grid or ((1, 1000), (256, 1000), (1, 32000))
+        results = asyncio.run(_compare(cells, tok, args.workload == "tools", args.compare_with, args.blocks))
+        for r in results:
+            print(f"{r['sessions']:>5} x {r['context_tokens']:>6} tokens, {r['body_kb']:6.1f} KB: "
+                  f"this {r['gateway_cpu_ms_per_turn']:.3f} ms/turn, other {r['other_gateway_cpu_ms_per_turn']:.3f}, "
+                  f"other/this {r['other_over_this']:.2f} (load {r['load_average']})")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        workdir.cleanup()
+        return 0
     if args.workload in ("all", "append"):
         results += asyncio.run(_append(args.quick, tok))
     if args.workload in ("all", "agent"):
@@ -577,6 +683,12 @@ def main() -> int:
               f"{r.get('gateway_peak_rss_mb', 0):>12.0f}")
     if any(r["workload"] == "ramp" for r in results):
         print("ramp rows: p50/p99 are the latency added beyond the sampler's sleep")
+    for r in results:  # issue #32's targets, on the real tokenizer's agent workload
+        goal = {(1, 32000): 1.0, (256, 1000): 0.5}.get((r["sessions"], r.get("target_context", 0)))
+        if r["workload"] == "agent" and goal is not None:
+            got = r["gateway_cpu_ms_per_turn"]
+            print(f"target: at most {goal} ms CPU a turn at {r['sessions']} x {r['target_context']} tokens: "
+                  f"{got:.3f} ms ({'met' if got <= goal else 'missed'}; targets are for the quiet machine)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
