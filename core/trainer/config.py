@@ -405,6 +405,16 @@ def validate(cfg: TrainConfig) -> None:
     loop's rollout runner waits with, is checked at the root.
     """
     policy_routes(cfg.policies)
+    if cfg.sampler.sleep_during_train and (cfg.sampler.kind == "backend" or cfg.trainer.mode != "sync"):
+        why = (
+            "sampler=backend has no inference servers to put to sleep"
+            if cfg.sampler.kind == "backend"
+            else f"in trainer.mode={cfg.trainer.mode!r} the servers sample while the trainer trains"
+        )
+        raise ConfigError(
+            f"sampler.sleep_during_train=true: {why}; use it with sampler=vllm|sglang and "
+            "trainer.mode=sync, or set sampler.sleep_during_train=false (docs/samplers.md)"
+        )
     timeout = cfg.reward.get("timeout_s") if isinstance(cfg.reward, DictConfig) else None
     if timeout is not None and not (float(timeout) >= 0 and math.isfinite(float(timeout))):
         raise ConfigError(f"reward.timeout_s must be a finite number >= 0, got {float(timeout)!r}")

@@ -16,6 +16,9 @@ Defines:
   is retired, and with none left the run stops. A server re-pushed between
   pushes (back from unhealthy, ``ServerPool.readmit``) is probed before any
   traffic against the last probe's trainer logprobs (``reprobe_server``).
+  With ``sampler.sleep_during_train`` (sync runs) ``Fleet.before_train`` puts the
+  servers to sleep before an optimizer step and ``Fleet.push`` wakes them before
+  loading the new weights (``core.samplers.sleep``).
 - ``FleetProbe``: what the probe samples and scores with (the loss's settings).
 - ``build_fleet``: the ``Fleet`` for a run, None for ``sampler=backend``, or a
   ``ConfigError`` naming what to use when the backend cannot write weights to disk.
@@ -37,6 +40,7 @@ from core.errors import ConfigError, RunAborted, SamplerError
 from core.samplers.factory import build_http_sampler
 from core.samplers.http_pool import ServerState
 from core.samplers.http_sampler import HttpSampler, HttpSamplerConfig
+from core.samplers.sleep import SLEEP_LEVELS, FleetSleeper
 from core.samplers.weights import PushReport, WeightPusher
 from core.trainer.overrides import loss_sampling
 from core.trainer.probe import (
@@ -89,6 +93,14 @@ class SamplerConfig(HttpSamplerConfig):
     (vLLM started with ``--logprobs-mode processed_logprobs``). Without it, a training
     temperature other than 1 (vLLM) or a top-p/top-k (both engines) is refused, since the
     engine reports those logprobs unnormalised; the probe checks the claim."""
+    sleep_during_train: bool = False
+    """``trainer.mode=sync`` only: put every server to sleep before each optimizer step (its
+    GPU memory freed for a trainer on the same GPU) and wake it before the push
+    (``core.samplers.sleep``; vLLM needs ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``,
+    SGLang ``--enable-memory-saver``)."""
+    sleep_level: int = 1
+    """vLLM's sleep level: 1 keeps a CPU copy of the weights, 2 frees it too (the push after
+    each wake reloads the full weights from disk). SGLang ignores it."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,8 @@ class Fleet:
                 f"sampler.logprob_tolerance must be > 0, got {config.logprob_tolerance!r} "
                 "(sampler.logprob_probe=false turns the probe off)"
             )
+        if config.sleep_level not in SLEEP_LEVELS:
+            raise ConfigError(f"sampler.sleep_level must be 1 or 2, got {config.sleep_level!r}")
         self.config = config
         self.probe = probe if config.logprob_probe else None
         self.probed: list[ProbeResult] = []
@@ -141,6 +155,11 @@ class Fleet:
         self._warned_no_forward = False
         self.sampler: HttpSampler = build_http_sampler(config)
         self.pusher = WeightPusher(self.sampler, update_timeout_s=config.update_timeout_s)
+        self.sleeper = (
+            FleetSleeper(self.pusher, level=config.sleep_level, timeout_s=config.update_timeout_s)
+            if config.sleep_during_train
+            else None
+        )
         self.sampler.pool.readmit = self._readmit  # the pusher's re-push, then the probe
         self._reference: ProbeResult | None = None
         """A probe that passed at the last push: what a server coming back is compared with."""
@@ -161,8 +180,10 @@ class Fleet:
         Raises:
             RunAborted: every server failed the update.
         """
-        t0 = time.perf_counter()
         version = int(backend.weight_version)
+        if self.sleeper is not None:  # servers that slept through the step wake for the weights
+            await self.sleeper.wake(version)
+        t0 = time.perf_counter()
         path = await backend.export_weights(str(self.weights_dir / f"v{version:06d}"))
         self._awaiting_push.clear()  # pushed and probed now with the others
         report = await self.pusher.push(str(path), version)
@@ -175,6 +196,12 @@ class Fleet:
         self.last = report
         self._unreported_s += report.seconds
         return report
+
+    async def before_train(self) -> None:
+        """Before an optimizer step: with ``sampler.sleep_during_train``, every server sleeps
+        (``push`` wakes them); otherwise nothing."""
+        if self.sleeper is not None:
+            await self.sleeper.sleep()
 
     async def _probe(self, backend: Any, probe: FleetProbe, report: PushReport) -> None:
         """Compare each updated server's logprobs with the backend's; retire those past the
@@ -270,7 +297,8 @@ class Fleet:
     def metrics(self) -> dict[str, Any]:
         """Per-step keys: servers in rotation, retired so far, waiting for the current weights
         (back from unhealthy or restarted), time spent pushing since the last call (0 on a
-        step that pushed nothing, not the previous push's time again), and with the probe
+        step that pushed nothing, not the previous push's time again), with
+        ``sleep_during_train`` the time spent putting servers to sleep and waking them, and with the probe
         the largest server's mean logprob difference."""
         pushed, self._unreported_s = self._unreported_s, 0.0
         pool = self.sampler.pool
@@ -280,11 +308,17 @@ class Fleet:
             "sampler/waiting_for_weights": sum(s.needs_weights for s in pool.servers),
             "time/weight_push": pushed,
         }
+        if self.sleeper is not None:
+            out["time/sampler_sleep_s"], out["time/sampler_wake_s"] = self.sleeper.take_times()
         if self.probe is not None:
             out["sampler/probe_logprob_diff"] = max((r.mean_abs_diff for r in self.probed), default=0.0)
         return out
 
     async def aclose(self) -> None:
+        """Wake servers still asleep (the run stopped mid-step: they stay usable), then close."""
+        if self.sleeper is not None and self.sleeper.asleep:
+            current = self.pusher.current
+            await self.sleeper.wake(current[1] if current is not None else 0)
         await self.sampler.aclose()
 
 

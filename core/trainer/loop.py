@@ -498,6 +498,8 @@ class Trainer:
             if not (has_signal or (datums and needs_no_advantage)):
                 continue
             backend = self.policies[name] if self.policies.several else self.backend
+            if self.fleet is not None:  # sampler.sleep_during_train: the servers free the GPU; the push wakes them
+                await self.fleet.before_train()
             t0 = time.perf_counter()
             trained[name] = await self._train(datums, backend)
             times.train += time.perf_counter() - t0

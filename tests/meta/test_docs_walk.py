@@ -304,6 +304,10 @@ STAND_IN = (
     "needs a GPU and vLLM/SGLang; python -m tracerl_local.serve (the local backend's server, which speaks "
     "both engines' token and weight-update APIs) stands in for it in the training command below"
 )
+SLEEP = (
+    "needs a GPU and vLLM/SGLang with sleep mode; tests/samplers/test_fleet_sleep.py drives "
+    "sampler.sleep_during_train against stand-ins of the engines' sleep routes"
+)
 SERVED = (
     "{server}: python -m tracerl_local.serve serving {model} on CPU for the engine; "
     + TINY + " for Qwen3-4B; backend.device=cpu; one step of 2x2 rollouts"
@@ -371,6 +375,10 @@ PAGE_COMMANDS: dict[str, dict[str, PageCommand]] = {
         "--lora-paths my-agent=exported/my-adapter": PageCommand("not run", NO_GPU),
     },
     "docs/samplers.md": {
+        "VLLM_SERVER_DEV_MODE=1 vllm serve /models/Qwen3-4B --port 8000 --enable-sleep-mode --logprobs-mode "
+        "processed_logprobs --max-model-len 8192 --gpu-memory-utilization 0.45": PageCommand("not run", SLEEP),
+        "python -m sglang.launch_server --model-path /models/Qwen3-4B --port 30000 --context-length 8192 "
+        "--mem-fraction-static 0.45 --enable-memory-saver": PageCommand("not run", SLEEP),
         "VLLM_SERVER_DEV_MODE=1 vllm serve /models/Qwen3-4B --port 8000 --logprobs-mode processed_logprobs "
         "--max-model-len 8192 --gpu-memory-utilization 0.45": PageCommand("not run", STAND_IN),
         "python -m core.train backend.model=/models/Qwen3-4B backend.device=cuda:0 sampler=vllm "

@@ -29,6 +29,14 @@
   logprob a function of the weights served and the token's position in the sequence,
   so a generation continued after an abort shows which weights sampled each token.
 
+  Sleep mode, as the engines serve it: vLLM's ``POST /sleep?level=N``, ``POST /wake_up``
+  and ``GET /is_sleeping`` (dev mode, ``vllm/entrypoints/serve/dev/sleep/api_router.py``:
+  200 with no body, ``{"is_sleeping": bool}``); SGLang's ``POST /release_memory_occupation``
+  and ``POST /resume_memory_occupation`` (``http_server.py``). ``sleep_mode`` says how it
+  behaves: ``ok``, ``off`` (started without ``--enable-sleep-mode``: the sleep answers 500),
+  ``no_wake`` (the wake answers 500 and the engine stays asleep). While asleep a generate
+  request answers 503, as vLLM's protected routes do, and is recorded in ``asleep_hits``.
+
   With ``upstream`` (a real local inference server) and ``raw_logprobs_from`` (the
   backend behind it) it stands in for vLLM in its default ``raw_logprobs`` mode:
   tokens sampled upstream at the requested settings, logprobs reported as the
@@ -182,6 +190,14 @@ class StandIn:
     """False: a vLLM without the pause API (``/pause`` and ``/resume`` answer 404)."""
     pauses: list[str] = field(default_factory=list)
     """Query of each ``POST /pause``."""
+    sleep_mode: str = "ok"
+    """ok | off | no_wake (see the module docstring)."""
+    sleeping: bool = False
+    """Between a sleep (or memory release) and a wake that worked."""
+    asleep_hits: list[str] = field(default_factory=list)
+    """Paths of generate requests that arrived while asleep (each answered 503)."""
+    events: list[str] | None = None
+    """A log shared with the test (``"<name>:<path>"`` per request) to check the order of calls."""
     _aborts: int = 0
     """Bumped by ``/pause?mode=abort``: running ``decode`` requests end at their next token."""
     _reload_path: str = ""
@@ -198,6 +214,10 @@ class StandIn:
         self._reload_path = ""
         if self.weight_version is not None:
             self.weight_version = "default"
+
+    def log(self, path: str) -> None:
+        if self.events is not None:
+            self.events.append(f"{self.name}:{path}")
 
     def generate_hits(self) -> list[Hit]:
         return [
@@ -228,6 +248,10 @@ class StandIn:
         async def generate(request: Request) -> Response:
             body = await request.json()
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
+            self.log(request.url.path)
+            if self.sleeping:
+                self.asleep_hits.append(request.url.path)
+                return JSONResponse({"error": {"message": "model is sleeping"}}, status_code=503)
             self.started.set()
             if self.mode == "decode":
                 return await decode(body)
@@ -326,6 +350,7 @@ class StandIn:
         async def collective_rpc(request: Request) -> Response:
             body = await request.json()
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
+            self.log(request.url.path)
             if body.get("method") == "update_config":
                 self._reload_path = body["args"][0]["model_config"]["model"]
             elif body.get("method") == "reload_weights" and self._reload_path:
@@ -350,6 +375,7 @@ class StandIn:
         async def update_weights_from_disk(request: Request) -> Response:
             body = await request.json()
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
+            self.log(request.url.path)
             self.weights = body["model_path"]
             self.weight_version = body.get("weight_version")
             return JSONResponse({"success": True, "message": "ok", "num_paused_requests": 0})
@@ -358,8 +384,33 @@ class StandIn:
             self.hits.append(Hit(request.url.path, dict(request.headers), {}))
             return JSONResponse({"weight_version": self.weight_version})
 
+        async def sleep(request: Request) -> Response:
+            self.hits.append(Hit(request.url.path, dict(request.headers), {"query": request.url.query}))
+            self.log(request.url.path)
+            if self.sleep_mode == "off":
+                return JSONResponse({"error": "Sleep mode is not enabled"}, status_code=500)
+            self.sleeping = True
+            return Response(status_code=200)
+
+        async def wake(request: Request) -> Response:
+            self.hits.append(Hit(request.url.path, dict(request.headers), {"query": request.url.query}))
+            self.log(request.url.path)
+            if self.sleep_mode == "no_wake":
+                return JSONResponse({"error": "CUDA out of memory"}, status_code=500)
+            self.sleeping = False
+            return Response(status_code=200)
+
+        async def is_sleeping(request: Request) -> Response:
+            self.hits.append(Hit(request.url.path, dict(request.headers), {}))
+            return JSONResponse({"is_sleeping": self.sleeping})
+
         return Starlette(
             routes=[
+                Route("/sleep", sleep, methods=["POST"]),
+                Route("/wake_up", wake, methods=["POST"]),
+                Route("/is_sleeping", is_sleeping, methods=["GET"]),
+                Route("/release_memory_occupation", sleep, methods=["POST"]),
+                Route("/resume_memory_occupation", wake, methods=["POST"]),
                 Route("/generate", generate, methods=["POST"]),
                 Route("/inference/v1/generate", generate, methods=["POST"]),
                 Route("/abort_request", abort, methods=["POST"]),
