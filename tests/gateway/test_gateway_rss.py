@@ -1,0 +1,74 @@
+"""A served gateway stays small: 256 sessions of about 1k tokens each, two turns each, in a
+``python -m core.gateway`` process (the tiny tokenizer) whose peak resident memory stays under
+150 MB (issue #32's bound; it read 108 MB) and which never loads torch. A memory bound, not a
+timing: it holds on a loaded machine. Qwen3's tokenizer adds its own load (docs/performance.md,
+"Gateway on Qwen3's own template")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+SESSIONS = 256
+PEAK_MB = 150
+
+
+def _status(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_gateway_peak_rss_at_256_sessions_of_1k_tokens() -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core.gateway", "--reply", "fine, thanks", "--sessions", "0",
+         "--max-context-tokens", "0", "--max-pending-headers-per-client", "0"],
+        stdout=subprocess.PIPE, text=True, cwd=root,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        admin = {"authorization": f"Bearer {info['admin_token']}"}
+        words = " ".join(f"word{i % 50}" for i in range(200))  # ~1k tokens with the first user turn
+
+        async def run() -> None:
+            limits = httpx.Limits(max_connections=64)
+            async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+                sids = [(await client.post(info["root_url"] + "/admin/sessions", headers=admin, json={})).json()[
+                    "session_id"] for _ in range(SESSIONS)]
+
+                async def session(i: int, sid: str) -> None:
+                    msgs = [{"role": "system", "content": f"agent {i}: {words}"},
+                            {"role": "user", "content": words}]
+                    for turn in range(2):
+                        r = await client.post(info["base_url"] + "/chat/completions",
+                                              json={"model": "m", "messages": msgs},
+                                              headers={"authorization": f"Bearer {sid}"})
+                        assert r.status_code == 200, r.text
+                        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"{turn}: {words}"}]
+
+                await asyncio.gather(*(session(i, sid) for i, sid in enumerate(sids)))
+                prompt = (await client.get(f"{info['root_url']}/admin/sessions/{sids[0]}/trace",
+                                           headers=admin)).json()["rows"][0]["prompt_length"]
+                assert prompt > 500, prompt  # the sessions really hold about a thousand tokens
+
+        asyncio.run(run())
+        peak_mb = _status(proc.pid, "VmHWM") / 1024
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "libtorch" not in maps, "the gateway process loaded torch"
+        assert peak_mb < PEAK_MB, f"gateway peak RSS {peak_mb:.0f} MB at {SESSIONS} sessions (bound {PEAK_MB} MB)"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
