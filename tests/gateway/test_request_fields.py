@@ -411,15 +411,17 @@ def test_neutral_and_metadata_fields_are_accepted(harness: Harness) -> None:
 
 
 def test_real_templates_reasoning_switches_are_found() -> None:
-    """Qwen3, GLM-4.6/4.7, DeepSeek V3.1 and Nemotron 3 have ``enable_thinking``; DeepSeek R1,
-    gpt-oss and MiniMax M2 always reason, gpt-oss takes ``reasoning_effort``; the others never
-    reason."""
+    """Qwen3, Qwen3.5/3.6, GLM-4.6/4.7, DeepSeek V3.1 and Nemotron 3 have ``enable_thinking``, Kimi
+    K2.5 ``thinking``; DeepSeek R1, gpt-oss and MiniMax M2 always reason, gpt-oss takes
+    ``reasoning_effort``; the others never reason."""
     from tests.gateway.families import FAMILIES, chat_template
 
     # the text only: loading every tokenizer takes seconds
     found = {name: template_reasoning(chat_template(name)) for name in FAMILIES}
     assert {n for n, r in found.items() if r.switch == "enable_thinking"} == {
-        "qwen3", "qwen3-nothink", "glm-4.6", "glm-4.7", "deepseek-v3.1", "nemotron-3-nano"}
+        "qwen3", "qwen3-nothink", "glm-4.6", "glm-4.7", "deepseek-v3.1", "nemotron-3-nano",
+        "qwen3.5", "qwen3.6", "qwen3.6-preserve"}
+    assert {n for n, r in found.items() if r.switch == "thinking"} == {"kimi-k2.5"}
     assert {n for n, r in found.items() if r.always} == {"deepseek-r1", "gpt-oss", "minimax-m2"}
     assert {n for n, r in found.items() if r.effort} == {"gpt-oss"}
 
