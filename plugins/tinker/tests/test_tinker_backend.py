@@ -26,7 +26,7 @@ from tracerl_tinker.sampler import tinker_stop
 
 from core.errors import ConfigError, SamplerError, TrainingError
 from core.interfaces import Sampler, TrainingBackend
-from core.testing.conformance import BackendConformance, datum_from_sample
+from core.testing.conformance import BackendConformance, MultiPolicyConformance, datum_from_sample
 from core.types import AdamParams, Datum, FinishReason, SamplingParams
 
 
@@ -71,6 +71,17 @@ class TestTinkerConformance(BackendConformance):
     @pytest.fixture
     def backend(self, service: FakeServiceClient) -> TinkerBackend:
         return TinkerBackend.from_config(_cfg())
+
+
+class TestTinkerMultiPolicyConformance(MultiPolicyConformance):
+    """``backend=tinker`` declares ``multi_policy``: a backend per policy, each with its own LoRA
+    training and sampling client in the same (fake) service."""
+
+    compares_samples = False  # the fake samples seeded noise per call, not from its weights
+
+    @pytest.fixture
+    def backends(self, service: FakeServiceClient) -> tuple[TinkerBackend, TinkerBackend]:
+        return TinkerBackend.from_config(_cfg()), TinkerBackend.from_config(_cfg())
 
 
 def test_satisfies_protocols_and_start_up_calls(

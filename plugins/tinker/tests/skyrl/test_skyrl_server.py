@@ -35,7 +35,7 @@ from skyrl_server import (
 
 from core.interfaces import LOSS_NAMES
 from core.testing.build import build_backend
-from core.testing.conformance import BackendConformance, datum_from_sample
+from core.testing.conformance import BackendConformance, MultiPolicyConformance, datum_from_sample
 from core.types import AdamParams, SamplingParams
 
 pytestmark = [
@@ -113,6 +113,15 @@ class TestSkyrlConformance(BackendConformance):
     @pytest.fixture
     def backend(self, make_backend: Any) -> Any:
         return make_backend()
+
+
+class TestSkyrlMultiPolicyConformance(MultiPolicyConformance):
+    """Two policies on the real server: each its own LoRA adapter and sampling client, training,
+    syncing, saving and restoring apart."""
+
+    @pytest.fixture
+    def backends(self, make_backend: Any) -> tuple[Any, Any]:
+        return make_backend(), make_backend()
 
 
 def _prompt(tokenizer: Any) -> list[int]:
