@@ -29,30 +29,63 @@ from core.eval.run import EndpointRunner, run_eval
 from core.http import check_key_endpoint
 from core.types import SamplingParams
 
-__all__ = ["evaluate_config", "format_summary", "print_summary", "resolve_checkpoint"]
+__all__ = [
+    "evaluate_config",
+    "format_summary",
+    "print_summary",
+    "resolve_checkpoint",
+    "resolve_policy_checkpoints",
+]
 
 
-def resolve_checkpoint(path: str) -> str:
-    """The backend state directory of a checkpoint directory, or of a run's latest one."""
+def _checkpoint_state(path: str) -> tuple[dict[str, Any], Path]:
+    """The trainer state of a checkpoint directory, or of a run's latest one, and its directory."""
     from core.rundir.checkpoint import STATE_FILE, latest_checkpoint
 
     where = Path(path)
     state_file = where / STATE_FILE
     if state_file.is_file():
-        state = json.loads(state_file.read_text())
-        ckpt = where
-    else:
-        found = latest_checkpoint(where)
-        if found is None:
-            raise ConfigError(
-                f"eval.checkpoint={path!r} is neither a checkpoint directory (with {STATE_FILE}) "
-                "nor a run directory holding one; pass <run_dir> or <run_dir>/checkpoints/step_N"
-            )
-        state, ckpt = found.state, found.path
+        return json.loads(state_file.read_text()), where
+    found = latest_checkpoint(where)
+    if found is None:
+        raise ConfigError(
+            f"eval.checkpoint={path!r} is neither a checkpoint directory (with {STATE_FILE}) "
+            "nor a run directory holding one; pass <run_dir> or <run_dir>/checkpoints/step_N"
+        )
+    return found.state, found.path
+
+
+def resolve_checkpoint(path: str) -> str:
+    """The backend state directory of a checkpoint directory, or of a run's latest one."""
+    state, ckpt = _checkpoint_state(path)
     # The state names the path the run saved to; beside the state file is where it is now
     # (a run directory that was moved or given relative to another working directory).
     local = ckpt / "backend"
     return str(local if local.exists() else state["backend_path"])
+
+
+def resolve_policy_checkpoints(path: str, policies: list[str]) -> dict[str, str]:
+    """Each policy's backend state in a checkpoint of a run that trained ``policies`` (two or
+    more; ``resolve_checkpoint`` for one): ``backend/<policy>`` beside the state file when
+    there, else the path the run saved (a ``tinker://`` path, say).
+
+    Raises:
+        ConfigError: the checkpoint holds other policies than ``policies``.
+    """
+    state, ckpt = _checkpoint_state(path)
+    saved = state.get("policies")
+    held = sorted(saved) if isinstance(saved, dict) else None
+    if held != sorted(policies):
+        raise ConfigError(
+            f"eval.checkpoint={path!r} holds {held or 'one policy'}, but policies configures "
+            f"{sorted(policies)}; evaluate with the policies the run trained (docs/multi_agent.md)"
+        )
+    assert isinstance(saved, dict)
+    out = {}
+    for name in policies:
+        local = ckpt / "backend" / name
+        out[name] = str(local if local.exists() else saved[name])
+    return out
 
 
 def _load_eval_set(cfg: Any, out: Path) -> list[dict[str, Any]]:
@@ -157,6 +190,17 @@ async def _endpoint_runner(cfg: Any, plugins: Any, closers: list[Any]) -> Endpoi
     )
 
 
+def _policy_routes(cfg: Any) -> Any:
+    """The gateway's routing for ``cfg.policies`` (one default policy when empty)."""
+    from core.gateway.policies import PolicyRoutes
+
+    policies = cfg.get("policies") or {}
+    if not policies:
+        return PolicyRoutes()
+    models = {str(m): str(name) for name, p in policies.items() for m in ((p or {}).get("models") or [])}
+    return PolicyRoutes(names=tuple(str(name) for name in policies), models=models)
+
+
 async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any], out: Path) -> tuple[Any, str, Any]:
     from core.gateway import Gateway
     from core.gateway.certify import certify_on_start
@@ -170,29 +214,57 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any], out: Path)
             f"backend {spec.name!r} runs its own trainer and has no sampler core can drive; "
             "evaluate its exported model through eval.endpoint (an OpenAI-compatible server) instead"
         )
-    backend = spec.factory(cfg)
-    closers.append(backend.aclose)
+    routes = _policy_routes(cfg)
+    several = len(routes.names) > 1
+    if several and not spec.multi_policy:
+        raise ConfigError(
+            f"policies configures {len(routes.names)} policies {list(routes.names)}, but backend "
+            f"{spec.name!r} serves one (its BackendSpec does not declare multi_policy=True); keep at most "
+            "one entry in policies (docs/multi_agent.md)"
+        )
+    backends: dict[str, Any] = {}
+    for name in routes.names:  # a backend per policy, as the training loop builds them
+        backends[name] = spec.factory(cfg)
+        closers.append(backends[name].aclose)
+    backend = backends[routes.default]
     if ev.checkpoint:
-        await _load_checkpoint(backend, str(ev.checkpoint))
+        await _load_checkpoint(backends, str(ev.checkpoint))
     config = GatewayConfig(**OmegaConf.to_container(cfg.gateway, resolve=True))  # type: ignore[arg-type]
     gateway = Gateway(tokenizer=backend.get_tokenizer(), sampler=backend.sampler, config=config,
-                      model_id=backend.model_id())
+                      model_id=backend.model_id(), policies=routes)
+    for name, other in backends.items():
+        if name != routes.default:
+            gateway.set_sampler(other.sampler, policy=name)
     # As python -m core.train does: an evaluation's traces are exact or it says which case is not.
     await certify_on_start(gateway.renderer.tokenizer, config, out_dir=out, end_of_turn_ids=gateway.end_of_turn_ids)
     cfg.trainer.max_concurrent_rollouts = int(ev.concurrency)
     stack = await start_rollout_stack(cfg, gateway, model_id=backend.model_id(), plugins=plugins)
     closers.append(stack.aclose)
     label = f"{backend.model_id()} @ {ev.checkpoint}" if ev.checkpoint else f"{backend.model_id()} (base)"
+    if several:
+        label += f" (policies {', '.join(routes.names)})"
     return stack.runner, label, gateway.renderer.decode
 
 
-async def _load_checkpoint(backend: Any, checkpoint: str) -> None:
-    """Load a checkpoint into ``backend``; a misfit says where the run's own settings are."""
+async def _load_checkpoint(backends: dict[str, Any], checkpoint: str) -> None:
+    """Load a checkpoint into each policy's backend; a misfit says where the run's own settings are."""
     from core.errors import TracerlError
     from core.rundir.runconfig import RUN_FILE, run_dir_of
 
+    names = list(backends)
+    paths = resolve_policy_checkpoints(checkpoint, names) if len(names) > 1 else None
+    if paths is None:
+        state, _ = _checkpoint_state(checkpoint)
+        saved = state.get("policies")
+        if isinstance(saved, dict) and len(saved) > 1:
+            raise ConfigError(
+                f"eval.checkpoint={checkpoint!r} holds policies {sorted(saved)}, but this evaluation "
+                "configures one; evaluate with the policies the run trained (docs/multi_agent.md)"
+            )
+        paths = {names[0]: resolve_checkpoint(checkpoint)}
     try:
-        await backend.load_state(resolve_checkpoint(checkpoint))
+        for name, backend in backends.items():
+            await backend.load_state(paths[name])
     except TracerlError as exc:
         record = run_dir_of(checkpoint) / RUN_FILE
         where = (

@@ -7,6 +7,13 @@ rollout never passes and counts as reward 0 in ``mean@k`` (the mean reward of al
 samples of a prompt, averaged over prompts), while ``reward_mean`` averages the
 ``ok`` rollouts only (as the training loop's ``eval/reward_mean`` always has),
 and so do the ``reward/<component>`` means; failed rollouts are counted in ``failed``.
+
+Several policies (docs/multi_agent.md): when the rows' turns come from more than one
+policy, the summary also gives each policy's ``policy/<name>/reward`` (over the ``ok``
+rollouts with a turn of it: its role reward when the agent returned one, else the
+rollout's reward, as the training metrics of the same name), ``/rollouts`` and ``/turns``;
+whenever agents return ``role_rewards``, each role's mean is ``role/<name>/reward`` (with
+one shared policy too, so a shared policy's roles compare with a policy per role).
 """
 
 from __future__ import annotations
@@ -23,7 +30,16 @@ from typing import Any
 from core.errors import ConfigError
 from core.types import RolloutStatus
 
-__all__ = ["EvalRow", "k_values", "pass_at_k", "payload_key", "read_rows", "summarize", "write_rows"]
+__all__ = [
+    "EvalRow",
+    "k_values",
+    "pass_at_k",
+    "payload_key",
+    "policy_summary",
+    "read_rows",
+    "summarize",
+    "write_rows",
+]
 
 
 @dataclass
@@ -54,6 +70,10 @@ class EvalRow:
     """Named reward components a reward plugin added (``reward/<name>`` in metrics)."""
     elapsed_s: float = 0.0
     """Wall time of the rollout."""
+    policies: dict[str, int] = field(default_factory=dict)
+    """Turns of each policy in its trace rows (empty without trace capture)."""
+    role_rewards: dict[str, float] = field(default_factory=dict)
+    """Per-role rewards the agent returned (``RolloutResult.role_rewards``; empty: none)."""
 
     @property
     def ok(self) -> bool:
@@ -127,7 +147,30 @@ def summarize(rows: Sequence[EvalRow], *, pass_threshold: float = 1.0) -> dict[s
             components.setdefault(name, []).append(value)
     for name, values in sorted(components.items()):
         summary[f"reward/{name}"] = sum(values) / len(values)
+    summary.update(policy_summary(rows))
     return summary
+
+
+def policy_summary(rows: Sequence[EvalRow]) -> dict[str, float]:
+    """``policy/<name>/*`` when the rows hold turns of several policies, and ``role/<name>/reward``
+    when agents returned role rewards (module docstring); empty otherwise."""
+    out: dict[str, float] = {}
+    ok = [r for r in rows if r.ok and r.reward is not None]
+    names = sorted({name for r in rows for name in r.policies})
+    if len(names) > 1:
+        for name in names:
+            mine = [r for r in ok if r.policies.get(name)]
+            rewards = [float(r.role_rewards.get(name, r.reward or 0.0)) for r in mine]
+            out[f"policy/{name}/reward"] = sum(rewards) / len(rewards) if rewards else math.nan
+            out[f"policy/{name}/rollouts"] = float(len(mine))
+            out[f"policy/{name}/turns"] = float(sum(r.policies.get(name, 0) for r in mine))
+    roles: dict[str, list[float]] = {}
+    for row in ok:
+        for name, value in row.role_rewards.items():
+            roles.setdefault(name, []).append(float(value))
+    for name, values in sorted(roles.items()):
+        out[f"role/{name}/reward"] = sum(values) / len(values)
+    return out
 
 
 def _passes(row: EvalRow, threshold: float) -> bool:

@@ -95,6 +95,9 @@ def outcome_row(prompt: int, sample: int, payload: dict[str, Any], outcome: Roll
     """The ``EvalRow`` of one finished rollout."""
     result = outcome.result
     versions = [t.weight_version for r in outcome.rows for t in r.turns]
+    policies: dict[str, int] = {}
+    for row in outcome.rows:
+        policies[row.policy()] = policies.get(row.policy(), 0) + len(row.turns)
     return EvalRow(
         prompt=prompt,
         sample=sample,
@@ -110,6 +113,8 @@ def outcome_row(prompt: int, sample: int, payload: dict[str, Any], outcome: Roll
             k[len("reward/"):]: v for k, v in result.metrics.items() if k.startswith("reward/")
         },
         elapsed_s=result.elapsed_s,
+        policies=policies,
+        role_rewards=dict(result.role_rewards),
     )
 
 
@@ -169,6 +174,7 @@ def eval_metrics(rows: Sequence[EvalRow], *, pass_threshold: float = 1.0) -> dic
     for k in k_values(n) if n else []:
         out[f"eval/pass@{k}"] = float(summary[f"pass@{k}"])
     for key, value in summary.items():
-        if key.startswith("reward/") and isinstance(value, float) and math.isfinite(value):
+        per = key.startswith(("reward/", "policy/", "role/"))
+        if per and isinstance(value, float) and math.isfinite(value):
             out[f"eval/{key}"] = value
     return out

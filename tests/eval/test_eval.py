@@ -256,3 +256,75 @@ def test_endpoint_rollouts_meet_the_reward_bound_of_classify() -> None:
     assert "larger in magnitude than trainer.max_abs_reward=10.0; rescale the reward" in str(out[2].result.error)
     # Seeded like RolloutRunner.run_groups: rollout i gets seed + 7919 i, in order.
     assert [r.sampling_params["seed"] for r in runtime.seen] == [3 + 7_919 * i for i in range(4)]
+
+
+def test_summary_reports_each_policy_and_role_when_several_are_configured() -> None:
+    """Rows with turns of two policies get ``policy/<name>/*`` (the role reward where the agent
+    returned one, else the rollout's); role rewards get ``role/<name>/reward``; failed rollouts
+    count in neither. One policy and no role rewards: no such keys."""
+    rows = [_row(0, 0, 0.5), _row(0, 1, 1.0), _row(1, 0, 0.0), _row(1, 1, None, "crashed")]
+    rows[0].policies, rows[0].role_rewards = {"up": 1, "down": 1}, {"up": 1.0, "down": 0.0}
+    rows[1].policies, rows[1].role_rewards = {"up": 2, "down": 1}, {"up": 1.0}  # down: the rollout's reward
+    rows[2].policies = {"up": 1}
+    rows[3].policies, rows[3].role_rewards = {"up": 1, "down": 1}, {"up": 1.0, "down": 1.0}
+    s = summarize(rows)
+    assert s["policy/up/reward"] == pytest.approx((1.0 + 1.0 + 0.0) / 3)
+    assert s["policy/down/reward"] == pytest.approx((0.0 + 1.0) / 2)
+    assert (s["policy/up/rollouts"], s["policy/up/turns"]) == (3.0, 4.0)
+    assert (s["policy/down/rollouts"], s["policy/down/turns"]) == (2.0, 2.0)
+    assert s["role/up/reward"] == 1.0 and s["role/down/reward"] == 0.0
+    one = [_row(0, 0, 1.0)]
+    one[0].policies = {"default": 1}
+    assert not any(k.startswith(("policy/", "role/")) for k in summarize(one))
+
+
+@pytest.mark.integration
+def test_eval_of_a_two_policy_checkpoint_loads_and_reports_each_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a policy per role on the local backend (the two-role task), evaluated from
+    its checkpoint: each policy's backend loads its own state (``backend/<policy>``), each
+    turn is served by its policy, and the summary has each policy's and each role's reward;
+    the loop's own evaluations report them too. Evaluating that checkpoint with one policy
+    is refused, naming the policies it holds."""
+    from tracerl_local.backend import LocalBackend
+
+    plugins = load_plugins()
+    two = ["+policies.up={}", "+policies.down={}"]
+    base = [
+        "task=two_roles", f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1", "trainer.batch_size=2",
+        "trainer.group_size=4", "trainer.eval_every=0", "trainer.canary=false", "trainer.progress=false",
+        "trainer.loggers=[jsonl]", "runtime.num_processes=1", "task.generator_kwargs.rows=20",
+        "task.generator_kwargs.digits=2",  # two eval rows
+    ]
+    run = tmp_path / "run"
+    assert asyncio.run(Trainer(compose([*base, *two], plugins), plugins).run()) == 0
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if "eval/reward_mean" in r]
+    assert evals and all(r["eval/policy/up/turns"] == r["eval/policy/down/turns"] > 0 for r in evals)
+    assert all(0.0 <= r["eval/role/up/reward"] <= 1.0 for r in evals)
+
+    loaded: dict[int, str] = {}
+    original = LocalBackend.load_state
+
+    async def recording(self: LocalBackend, path: str) -> None:
+        loaded[id(self)] = path
+        await original(self, path)
+
+    monkeypatch.setattr(LocalBackend, "load_state", recording)
+    out = tmp_path / "eval"
+    settings = [f"eval.checkpoint={run}", f"eval.output_dir={out}", "eval.samples_per_prompt=3",
+                "eval.temperature=1.0", "eval.progress=false"]
+    summary = asyncio.run(evaluate_config(compose([*base, *two, *settings], plugins), plugins))
+    step = run / "checkpoints" / "step_000001" / "backend"
+    assert sorted(loaded.values()) == [str(step / "down"), str(step / "up")]  # two backends, each its own
+    rows = read_rows(out / "results.jsonl")
+    assert len(rows) == 6 and all(r.ok and r.policies == {"up": 1, "down": 1} for r in rows)
+    assert all(set(r.role_rewards) == {"up", "down"} for r in rows)
+    for name in ("up", "down"):
+        assert summary[f"policy/{name}/rollouts"] == summary[f"policy/{name}/turns"] == 6
+        mean = sum(r.role_rewards[name] for r in rows) / 6
+        assert summary[f"policy/{name}/reward"] == pytest.approx(mean) == summary[f"role/{name}/reward"]
+    assert "policies up, down" in summary["model"]
+
+    with pytest.raises(ConfigError, match=r"holds policies \['down', 'up'\], but this evaluation configures one"):
+        asyncio.run(evaluate_config(compose([*base, *settings], plugins), plugins))
