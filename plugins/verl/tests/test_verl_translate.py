@@ -259,18 +259,26 @@ def test_batch_parse_metrics_sum_the_rows_parse_counts() -> None:
 
 def test_two_policies_are_refused_at_start_up_naming_why(tmp_path: Path) -> None:
     """verl trains one model per run: ``policies`` with two entries stops ``python -m core.train``
-    before the launch is prepared (docs/multi_agent.md)."""
+    before the launch is prepared (docs/multi_agent.md); one entry is today's run."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "core.train", "backend=verl", "backend.dry_run=true", f"run_dir={run_dir}",
-            "+policies.planner={}", "+policies.coder={}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+
+    def train(*policies: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable, "-m", "core.train", "backend=verl", "backend.dry_run=true", f"run_dir={run_dir}",
+                "task.generator_kwargs.rows=5", *policies,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    proc = train("+policies.planner={}", "+policies.coder={}")
     assert proc.returncode != 0
     assert "policies configures 2 policies ['planner', 'coder'], but backend 'verl' trains one policy per run" in proc.stderr
+    assert "multi_policy" in proc.stderr
     assert not (run_dir / "verl").exists(), "nothing is prepared for a launch that cannot start"
+    one = train("+policies.solver={}")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert (run_dir / "verl" / "train.parquet").is_file()
