@@ -82,3 +82,9 @@ def test_core_train_backend_verl_trains_on_cpu(tmp_path: Path) -> None:
     assert _metric(log, "num_turns/mean") == [5.0, 5.0, 5.0]
     # one optimizer update per batch, over every row (8 rollouts, 1 row each)
     assert _metric(log, "tracerl/rows_per_update") == [8.0, 8.0, 8.0]
+    # each generated turn's tool-call parse status reaches verl's metrics (read back from
+    # its transfer queue): 8 rows of 2 model turns a step
+    statuses = ("no_tools", "text", "calls", "unknown_tool", "bad_json", "schema_mismatch", "markup_no_call")
+    per_status = [_metric(log, f"gateway/parse/{s}") for s in statuses]
+    assert all(len(v) == 3 for v in per_status), per_status
+    assert [sum(step) for step in zip(*per_status, strict=True)] == [16.0, 16.0, 16.0], per_status

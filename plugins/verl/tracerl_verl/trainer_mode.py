@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import transfer_queue as tq
 from omegaconf import open_dict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -69,5 +70,15 @@ class TracerlSyncTrainer(PPOTrainerSync):
         type(self).optimizer_steps += 1
         metrics["tracerl/rows_per_update"] = float(rows)
         # Each turn's tool-call parse status, as core's loop reports them per step.
-        metrics.update(batch_parse_metrics(batch.non_tensor_batch.get("tracerl_parse", ())))
+        metrics.update(batch_parse_metrics(_parse_entries(batch)))
         return out
+
+
+def _parse_entries(batch: Any) -> list[Any]:
+    """Each row's ``tracerl_parse`` entry. verl's V1 trainer hands ``_update_actor`` only
+    the batch's keys (``KVBatchMeta``); the rows' ``extra_fields`` are read back from its
+    transfer queue, as verl's own trainer does for its rollout metrics."""
+    if not len(batch):
+        return []
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    return [e.get("tracerl_parse") if isinstance(e, dict) else None for e in list(data["extra_fields"])]
