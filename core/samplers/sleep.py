@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from core.samplers.http_pool import ServerState
-from core.samplers.weights import WeightPusher
+from core.samplers.weights import WeightPusher, engine_answer
 
 __all__ = ["SLEEP_LEVELS", "FleetSleeper"]
 
@@ -155,16 +155,13 @@ class FleetSleeper:
         )
         self._check(resp, "POST", route)
 
-    def _check(self, resp: httpx.Response, method: str, route: str) -> None:
-        if resp.status_code == 404:
-            hint = (
-                "it is served with VLLM_SERVER_DEV_MODE=1"
-                if self.protocol == "vllm"
-                else "this SGLang has no memory release; upgrade it"
-            )
-            raise _SleepFailed(f"{method} {route} answered 404 ({hint})")
-        if resp.status_code >= 300:
-            raise _SleepFailed(f"{method} {route} answered HTTP {resp.status_code}: {resp.text[:300]!r}")
+    def _check(self, resp: httpx.Response, method: str, route: str) -> Any:
+        hint = (
+            "it is served with VLLM_SERVER_DEV_MODE=1"
+            if self.protocol == "vllm"
+            else "this SGLang has no memory release; upgrade it"
+        )
+        return engine_answer(resp, f"{method} {route}", missing_hint=hint, error=_SleepFailed)
 
     async def _vllm(self, server: ServerState, *, wake: bool) -> None:
         route = VLLM_WAKE_PATH if wake else f"{VLLM_SLEEP_PATH}?level={self.level}"
@@ -172,11 +169,8 @@ class FleetSleeper:
         resp = await self.sampler.client().get(
             server.url + VLLM_IS_SLEEPING_PATH, headers=self.sampler.base_headers, timeout=self.timeout_s
         )
-        self._check(resp, "GET", VLLM_IS_SLEEPING_PATH)
-        try:
-            sleeping = resp.json().get("is_sleeping")
-        except (ValueError, AttributeError):
-            sleeping = None
+        data = self._check(resp, "GET", VLLM_IS_SLEEPING_PATH)
+        sleeping = data.get("is_sleeping") if isinstance(data, dict) else None
         if sleeping is not (not wake):  # True after a sleep, False after a wake
             raise _SleepFailed(
                 f"GET {VLLM_IS_SLEEPING_PATH} answered {resp.text[:200]!r} after POST {route.split('?')[0]}"

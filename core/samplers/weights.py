@@ -82,6 +82,23 @@ RESET_REFUSED = (409, 500, 503)
 """Answers with which vLLM refuses a prefix-cache reset (409 since it checks; 500 on some builds)."""
 
 
+def engine_answer(resp: httpx.Response, call: str, *, missing_hint: str, error: type[Exception]) -> Any:
+    """An engine's JSON answer to ``call`` (``"POST /route"``; None when empty or not JSON),
+    or ``error`` naming the call: for a 404 with ``missing_hint`` (the route exists only with
+    some launch flag or version), for any other status of 300 and above with the engine's
+    own message."""
+    if resp.status_code == 404:
+        raise error(f"{call} answered 404 ({missing_hint})")
+    try:
+        data = resp.json() if resp.content else None
+    except ValueError:
+        data = None
+    if resp.status_code >= 300:
+        detail = data.get("message") or data.get("error") if isinstance(data, dict) else resp.text[:300]
+        raise error(f"{call} answered HTTP {resp.status_code}: {detail!r}")
+    return data
+
+
 class _PushFailed(Exception):
     """One server failed the update; the message says how."""
 
@@ -277,21 +294,12 @@ class WeightPusher:
         return self._answer(resp, "POST", route)
 
     def _answer(self, resp: httpx.Response, method: str, route: str) -> Any:
-        if resp.status_code == 404:
-            hint = (
-                "start vLLM with VLLM_SERVER_DEV_MODE=1 (it serves /collective_rpc and /reset_prefix_cache only then)"
-                if self.protocol == "vllm"
-                else "this SGLang has no disk weight update; upgrade it"
-            )
-            raise _PushFailed(f"{method} {route} answered 404 ({hint})")
-        try:
-            data = resp.json() if resp.content else None
-        except ValueError:
-            data = None
-        if resp.status_code >= 300:
-            detail = data.get("message") or data.get("error") if isinstance(data, dict) else resp.text[:300]
-            raise _PushFailed(f"{method} {route} answered HTTP {resp.status_code}: {detail!r}")
-        return data
+        hint = (
+            "start vLLM with VLLM_SERVER_DEV_MODE=1 (it serves /collective_rpc and /reset_prefix_cache only then)"
+            if self.protocol == "vllm"
+            else "this SGLang has no disk weight update; upgrade it"
+        )
+        return engine_answer(resp, f"{method} {route}", missing_hint=hint, error=_PushFailed)
 
     async def _sglang(self, client: Any, server: ServerState, path: str, version: int) -> None:
         body = {
