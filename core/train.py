@@ -95,7 +95,7 @@ def _run(cfg: DictConfig, plugins: Plugins, given: list[str]) -> int:
     from core.trainer.policies import check_policy_modes
 
     policies = [str(name) for name in cfg.get("policies") or {}]
-    check_policy_modes(policies, mode=str(cfg.trainer.mode), sampler=str((cfg.get("sampler") or {}).get("kind", "backend")))
+    check_policy_modes(policies, sampler=str((cfg.get("sampler") or {}).get("kind", "backend")))
     _record_run(cfg, given)
     return run_training(cfg, plugins)  # its last lines say where the run is and what next
 

@@ -78,7 +78,7 @@ from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metri
 from core.trainer.overrides import loss_sampling, mask_override_turns
 from core.trainer.parse_watch import ParseWatch
 from core.trainer.policies import PolicyBackends, check_policy_modes, policy_metrics
-from core.trainer.pool import PoolResume, PoolSize, RolloutPool, mask_stale_turns
+from core.trainer.pool import PoolResume, PoolSize, RolloutPool, Versions, mask_stale_turns
 from core.trainer.signal import StepSignal, build_signal, check_role_rewards
 from core.trainer.source import (
     PoolSource,
@@ -132,7 +132,7 @@ class Trainer:
 
         spec = self.plugins.backend(str(self.cfg.backend.name))
         check_policy_support(list(self.cfg.policies), spec)
-        check_policy_modes(list(self.cfg.policies), mode=self.t.mode, sampler=self.cfg.sampler.kind)
+        check_policy_modes(list(self.cfg.policies), sampler=self.cfg.sampler.kind)
         routes = policy_routes(self.cfg.policies)
         backends: dict[str, Any] = {}
         for name in routes.names:  # a backend per policy (one: today's run)
@@ -383,6 +383,12 @@ class Trainer:
             seed=(base + 7_919 * index * group) % (2**63),
         )
 
+    def _versions(self) -> Versions:
+        """The weights a step's turns are aged against (staleness, the hard bound): the
+        backend's version, or with several policies each policy's, so a policy that did not
+        step does not age its turns."""
+        return self.policies.versions() if self.policies.several else int(self.backend.weight_version)
+
     def _start_source(self) -> RolloutSource:
         """The rollout source of ``trainer.mode``: the step's own rollouts, or a running pool."""
         if self.t.mode == "sync":
@@ -400,7 +406,7 @@ class Trainer:
         pool.start()
         source = PoolSource(
             pool, batch_size=batch,
-            version=lambda: int(self.backend.weight_version), reruns=len(self._resumed.pending),
+            version=self._versions, reruns=len(self._resumed.pending),
             exclude_failed=self.algo.exclude_failed,
         )
         self._closers.append(source.aclose)
@@ -421,7 +427,7 @@ class Trainer:
         scored = check_role_rewards(scored, self.policies.names)
         outcomes, untrained = scored[:n_trained], scored[n_trained:]
         flow["time/reward"] = time.perf_counter() - t0
-        version = int(self.backend.weight_version)  # the weights these outcomes train
+        version = self._versions()  # the weights these outcomes train (each policy's, with several)
         statuses = self._check_failures(outcomes + untrained)
         # A turn an agent sampled at its own temperature/top-p/top-k (sampling overrides)
         # is context, never trained as if drawn from the distribution the loss scores.
@@ -473,7 +479,12 @@ class Trainer:
         if self.policies.several:
             record.update(policy_metrics(outcomes, signal, versions, self.policies.versions()))
         record.update(component_metrics(outcomes))
-        record.update(await self.traces.awrite_step(self.step, outcomes, signal.advantages, weight_version=version))
+        # The viewer shows each rollout's lag behind the step's version: with several policies
+        # there is one per policy, so none is written rather than the default policy's.
+        trained_version = version if isinstance(version, int) else None
+        record.update(
+            await self.traces.awrite_step(self.step, outcomes, signal.advantages, weight_version=trained_version)
+        )
         return record
 
     async def _update(self, signal: StepSignal, times: StepTimes) -> dict[str, float]:

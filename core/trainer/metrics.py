@@ -22,7 +22,13 @@ from typing import Any
 
 from core.rollout import FAULT_KEYS, RolloutOutcome
 from core.trainer.parse_watch import parse_metrics
-from core.trainer.pool import interrupted_turns, rollout_staleness, token_staleness, trains
+from core.trainer.pool import (
+    Versions,
+    interrupted_turns,
+    rollout_staleness,
+    token_staleness,
+    trains,
+)
 from core.types import Datum, RolloutStatus
 
 
@@ -144,10 +150,11 @@ def step_metrics(report: StepReport) -> dict[str, Any]:
 
 
 def flow_metrics(
-    outcomes: list[RolloutOutcome], version: int, flow: dict[str, Any], step_time: float,
+    outcomes: list[RolloutOutcome], version: Versions, flow: dict[str, Any], step_time: float,
     *, exclude_failed: bool = True,
 ) -> dict[str, Any]:
-    """Staleness of what trained (against weight ``version``; failed rollouts with rows
+    """Staleness of what trained (against weight ``version``, with several policies each
+    turn against its own policy's; failed rollouts with rows
     train too when ``exclude_failed`` is False), then ``flow`` (the rollout source's idle
     times and counts, which carry ``rollouts/finished``), then throughput."""
     trained = [o for o in outcomes if trains(o, exclude_failed=exclude_failed)]

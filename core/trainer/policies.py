@@ -6,9 +6,9 @@ Defines:
 - ``PolicyBackends``: the run's policies by name, each with its own backend (weights,
   optimizer state, sampler and weight version; the loop builds one with the backend's
   factory per policy, so each starts from the same weights), saved and restored together;
-- ``check_policy_modes``: refuses settings that cannot serve several policies yet;
-- ``policy_metrics``: a step's ``policy/<name>/*`` metrics, and its staleness read against
-  each turn's own policy.
+- ``check_policy_modes``: refuses settings that cannot serve several policies yet (a fleet);
+- ``policy_metrics``: a step's ``policy/<name>/*`` metrics, its staleness read against
+  its own version.
 
 Why a backend per policy: the loop's training primitives (``forward_backward``,
 ``optim_step``, ``sync_sampler``, ``save_state``) already describe one policy, so a
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
-from core.trainer.pool import oldest_version, token_staleness
+from core.trainer.pool import token_staleness
 
 if TYPE_CHECKING:
     from core.rollout import RolloutOutcome
@@ -34,18 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["PolicyBackends", "check_policy_modes", "policy_metrics"]
 
 
-def check_policy_modes(policies: Sequence[str], *, mode: str, sampler: str) -> None:
-    """Refuse several policies with ``trainer.mode=async`` or an inference-server fleet:
-    both still serve one set of weights (one staleness, one weight push)."""
-    if len(policies) <= 1:
-        return
-    if mode != "sync":
-        raise ConfigError(
-            f"policies configures {len(policies)} policies {list(policies)}, which trainer.mode={mode!r} "
-            "does not train yet (its staleness bound follows one weight version); use trainer.mode=sync "
-            "(docs/multi_agent.md)"
-        )
-    if sampler != "backend":
+def check_policy_modes(policies: Sequence[str], *, sampler: str) -> None:
+    """Refuse several policies with an inference-server fleet: a fleet serves one set of
+    weights (one weight push). ``trainer.mode=async`` trains several: its staleness is each
+    turn's against its own policy's version (``core.trainer.pool.Versions``)."""
+    if len(policies) > 1 and sampler != "backend":
         raise ConfigError(
             f"policies configures {len(policies)} policies {list(policies)}, but sampler={sampler!r} serves "
             "one set of weights; use sampler=backend, which samples each policy with its own weights "
@@ -153,28 +146,18 @@ def policy_metrics(
       that sampled each of its trained tokens and those it trained (``before``);
     - ``weight_version`` after the step (``after``).
 
-    It also gives the step's ``async/token_staleness_*`` and ``async/staleness_*`` (per rollout,
-    its oldest token's) read against each turn's own policy (the loop's single-version ones compare every turn with the
-    default policy's version).
+    The step's ``async/*staleness*`` are ``core.trainer.metrics.flow_metrics``'s, which read
+    each turn against its own policy's version too.
     """
     out: dict[str, float] = {}
     tokens: dict[str, float] = {}
     for datum, policy in zip(signal.datums, signal.policies, strict=True):
         tokens[policy] = tokens.get(policy, 0.0) + sum(datum.weights)
     ok = [o for o in outcomes if o.ok]
-    total = count = most = 0.0
-    ages: dict[str, int] = {}
     for name, version in before.items():
         mine = _policy_rows(ok, name)
-        for o in mine:
-            oldest = oldest_version([o])
-            if oldest is not None:
-                rid = o.request.rollout_id
-                ages[rid] = max(version - oldest, ages.get(rid, 0), 0)
         rewards = [o.result.role_rewards.get(name, float(o.result.reward or 0.0)) for o in mine]
         mean, worst = token_staleness(mine, version)
-        trained = sum(sum(r.loss_mask) for o in mine for r in o.rows)
-        total, count, most = total + mean * trained, count + trained, max(most, worst)
         out.update({
             f"policy/{name}/reward": sum(rewards) / len(rewards) if rewards else math.nan,
             f"policy/{name}/rollouts": float(len(mine)),
@@ -184,8 +167,4 @@ def policy_metrics(
             f"policy/{name}/staleness_max": float(worst) if mine else math.nan,
             f"policy/{name}/weight_version": float(after[name]),
         })
-    out["async/token_staleness_mean"] = total / count if count else 0.0
-    out["async/token_staleness_max"] = most
-    out["async/staleness_mean"] = sum(ages.values()) / len(ages) if ages else 0.0
-    out["async/staleness_max"] = max(ages.values(), default=0)
     return out

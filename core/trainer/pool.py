@@ -17,7 +17,9 @@ minus the oldest weight version of any token its trainable rollouts
 generated (``ok`` ones, and failed ones with rows under ``exclude_failed=false``,
 which trains them at reward 0) (later turns of a rollout may run on newer weights than its first,
 and a turn interrupted by a weight update goes on under the new ones: each of
-its segments carries its own version).
+its segments carries its own version). With several policies every turn is aged
+against its own policy's version (``Versions``): a policy that did not step does
+not age its turns.
 
 Everything runs on the event loop, so state changes between ``await`` points
 are atomic; ``state()`` is a consistent snapshot for checkpoints (the data
@@ -30,13 +32,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 from core.rollout import RolloutOutcome, RolloutRunner
 from core.rollout.data import DataOrder
 from core.types import SamplingParams
+
+Versions: TypeAlias = int | Mapping[str, int]
+"""The weight version being trained: one for every turn (one policy), or each policy's by
+name (several: a turn is aged against its own policy's version, ``TurnSpan.policy``)."""
+
+
+def current_version(version: Versions, policy: str) -> int:
+    """The version ``policy``'s turns are aged against.
+
+    Raises:
+        KeyError: ``version`` maps versions by policy and has none for ``policy``.
+    """
+    if isinstance(version, int):
+        return version
+    if policy not in version:
+        raise KeyError(f"a turn of policy {policy!r} trains, but the run's policies are {sorted(version)}")
+    return version[policy]
 
 
 def trains(outcome: RolloutOutcome, *, exclude_failed: bool = True) -> bool:
@@ -51,27 +70,36 @@ def oldest_version(outcomes: Sequence[RolloutOutcome]) -> int | None:
     return min(versions) if versions else None
 
 
-def rollout_staleness(outcomes: Sequence[RolloutOutcome], version: int) -> list[int]:
-    """``version`` minus each rollout's oldest generated token's version (rollouts with turns)."""
-    out = []
-    for o in outcomes:
-        oldest = oldest_version([o])
-        if oldest is not None:
-            out.append(max(0, version - oldest))
-    return out
+def rollout_age(outcome: RolloutOutcome, version: Versions) -> int | None:
+    """Optimizer steps between the weights being trained and the oldest generated token of
+    ``outcome``, each token against its own turn's policy (None: no turn)."""
+    ages = [
+        max(0, current_version(version, t.policy) - g.weight_version)
+        for r in outcome.rows
+        for t in r.turns
+        for g in t.version_segments()
+    ]
+    return max(ages) if ages else None
 
 
-def token_staleness(outcomes: Sequence[RolloutOutcome], version: int) -> tuple[float, int]:
-    """Mean and most optimizer steps between ``version`` and the weights of each trained
-    token (``loss_mask`` 1) of ``outcomes``, read per segment; ``(0.0, 0)`` without one."""
+def rollout_staleness(outcomes: Sequence[RolloutOutcome], version: Versions) -> list[int]:
+    """Each rollout's age (``rollout_age``: its oldest generated token's), for rollouts with turns."""
+    return [age for o in outcomes if (age := rollout_age(o, version)) is not None]
+
+
+def token_staleness(outcomes: Sequence[RolloutOutcome], version: Versions) -> tuple[float, int]:
+    """Mean and most optimizer steps between the weights being trained (``version``, each turn's
+    own policy's) and the weights of each trained token (``loss_mask`` 1) of ``outcomes``,
+    read per segment; ``(0.0, 0)`` without one."""
     total = count = most = 0
     for o in outcomes:
         for r in o.rows:
             for t in r.turns:
+                now = current_version(version, t.policy)
                 for g in t.version_segments():
                     n = sum(r.loss_mask[g.start : g.end])
                     if n:
-                        age = max(0, version - g.weight_version)
+                        age = max(0, now - g.weight_version)
                         total, count, most = total + n * age, count + n, max(most, age)
     return (total / count if count else 0.0), most
 
@@ -82,9 +110,10 @@ def interrupted_turns(outcomes: Sequence[RolloutOutcome]) -> int:
 
 
 def mask_stale_turns(
-    outcomes: Sequence[RolloutOutcome], version: int, max_staleness: int
+    outcomes: Sequence[RolloutOutcome], version: Versions, max_staleness: int
 ) -> tuple[list[RolloutOutcome], int]:
-    """``outcomes`` with every token older than ``version - max_staleness`` made context.
+    """``outcomes`` with every token more than ``max_staleness`` steps older than the weights
+    being trained (``version``; with several policies, the token's turn's policy's) made context.
 
     A token's version is its turn's segment's (a turn interrupted by a weight update
     and continued on newer weights may be stale in its first segment only). Such
@@ -98,7 +127,10 @@ def mask_stale_turns(
         rows = []
         for r in o.rows:
             stale = [
-                g for t in r.turns for g in t.version_segments() if version - g.weight_version > max_staleness
+                g
+                for t in r.turns
+                for g in t.version_segments()
+                if current_version(version, t.policy) - g.weight_version > max_staleness
             ]
             if not stale:
                 rows.append(r)
@@ -125,12 +157,15 @@ class FinishedGroup:
     rerun: bool = False
     """Started again after a resume (it was in flight at the checkpoint)."""
 
-    def staleness(self, version: int, *, exclude_failed: bool = True) -> int:
-        """Optimizer steps between ``version`` and the oldest generated token of the group's
-        rollouts that will train (a failed member that started early does not age it,
-        unless ``exclude_failed`` is False: then it trains at reward 0 and counts)."""
-        oldest = oldest_version([o for o in self.outcomes if trains(o, exclude_failed=exclude_failed)])
-        return 0 if oldest is None else max(0, version - oldest)
+    def staleness(self, version: Versions, *, exclude_failed: bool = True) -> int:
+        """Optimizer steps between the weights being trained (``version``, each turn's own
+        policy's) and the oldest generated token of the group's rollouts that will train (a
+        failed member that started early does not age it, unless ``exclude_failed`` is
+        False: then it trains at reward 0 and counts)."""
+        return max(
+            rollout_staleness([o for o in self.outcomes if trains(o, exclude_failed=exclude_failed)], version),
+            default=0,
+        )
 
 
 @dataclass

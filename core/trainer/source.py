@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from core.errors import ConfigError
 from core.rollout import RolloutOutcome
 from core.rundir.checkpoint import Checkpoint
-from core.trainer.pool import PoolResume, RolloutPool
+from core.trainer.pool import PoolResume, RolloutPool, Versions
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,8 @@ class PoolSource:
     Args:
         pool: The started pool.
         batch_size: Groups per step.
-        version: The backend's current weight version.
+        version: The weights being trained: the backend's current weight version, or with
+            several policies each policy's (a group's turns are aged against their own policy's).
         reruns: Groups a resumed run started again (reported once, by the first step).
         exclude_failed: ``algorithm.exclude_failed``: whether failed rollouts train (at
             reward 0, when False), so whether they age their group.
@@ -128,7 +129,7 @@ class PoolSource:
         pool: RolloutPool,
         *,
         batch_size: int,
-        version: Callable[[], int],
+        version: Callable[[], Versions],
         reruns: int = 0,
         exclude_failed: bool = True,
     ) -> None:

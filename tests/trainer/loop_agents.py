@@ -150,3 +150,19 @@ async def two_roles_by_parity(payload: dict[str, Any]) -> dict[str, Any]:
         reply = await _ask(payload["_config"], role, int(payload["n"]))
         roles[role] = float(ord(reply[0]) % 2) if reply else 0.0
     return {"reward": sum(roles.values()) / len(roles), "role_rewards": roles}
+
+
+two_roles_up_only = AgentApp()
+
+
+@two_roles_up_only.entrypoint
+async def two_roles_only_up_scored(payload: dict[str, Any]) -> dict[str, Any]:
+    """``two_roles_by_parity``, except that role ``down`` always scores 1.0: its role baseline
+    leaves its turns no advantage, so policy ``down`` never steps while ``up`` does."""
+    from core.tasks.two_roles import ROLES, _ask
+
+    roles = {}
+    for role in ROLES:
+        reply = await _ask(payload["_config"], role, int(payload["n"]))
+        roles[role] = 1.0 if role == "down" else (float(ord(reply[0]) % 2) if reply else 0.0)
+    return {"reward": sum(roles.values()) / len(roles), "role_rewards": roles}

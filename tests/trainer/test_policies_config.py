@@ -1,6 +1,6 @@
 """``policies`` in the run config: typed, checked, routed, and refused at start-up by every
-backend that does not declare ``multi_policy`` (all but local and Tinker), and by the modes that serve one
-set of weights (``trainer.mode=async``, an inference-server fleet)."""
+backend that does not declare ``multi_policy`` (all but local and Tinker), and by an inference-server
+fleet (it serves one set of weights); ``trainer.mode=async`` trains several."""
 
 from __future__ import annotations
 
@@ -94,14 +94,12 @@ def test_only_local_and_tinker_declare_multi_policy_and_every_other_backend_refu
         assert "['planner', 'coder']" in text and "multi_policy" in text and "docs/multi_agent.md" in text
 
 
-@pytest.mark.parametrize(
-    ("mode", "sampler", "message"),
-    [("async", "backend", "trainer.mode='async'"), ("sync", "sglang", "sampler='sglang' serves one set of weights")],
-)
-def test_several_policies_are_refused_where_one_set_of_weights_is_served(mode: str, sampler: str, message: str) -> None:
-    check_policy_modes(["solo"], mode=mode, sampler=sampler)
-    with pytest.raises(ConfigError, match=message):
-        check_policy_modes(["planner", "coder"], mode=mode, sampler=sampler)
+@pytest.mark.parametrize("sampler", ["sglang", "vllm"])
+def test_several_policies_are_refused_where_one_set_of_weights_is_served(sampler: str) -> None:
+    check_policy_modes(["solo"], sampler=sampler)
+    with pytest.raises(ConfigError, match=f"sampler={sampler!r} serves one set of weights; use sampler=backend"):
+        check_policy_modes(["planner", "coder"], sampler=sampler)
+    check_policy_modes(["planner", "coder"], sampler="backend")  # async or sync alike
 
 
 def test_a_backend_that_declares_multi_policy_passes() -> None:
@@ -109,12 +107,14 @@ def test_a_backend_that_declares_multi_policy_passes() -> None:
     check_policy_support(["planner", "coder"], spec)
 
 
-def test_core_train_refuses_two_policies_in_async_mode_before_anything_starts(
+def test_core_train_refuses_two_policies_with_a_fleet_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from core.train import main
 
     run_dir = tmp_path / "run"
-    assert main(["backend=local", f"run_dir={run_dir}", "trainer.mode=async", *TWO]) != 0
-    assert "does not train yet" in capsys.readouterr().err
+    fleet = ["sampler=sglang", "sampler.urls=[http://127.0.0.1:9]", "trainer.mode=async"]
+    assert main(["backend=local", f"run_dir={run_dir}", *fleet, *TWO]) != 0
+    err = capsys.readouterr().err
+    assert "sampler='sglang' serves one set of weights" in err and "['planner', 'coder']" in err
     assert not (run_dir / "metrics.jsonl").exists()

@@ -1,6 +1,7 @@
 """Staleness in ``trainer.mode=async`` is bounded at admission and corrected per token
 (issue #28): the hard per-token bound masks old turns, the group stays; a group's age
-counts only rollouts that will train; ``tis_cap`` is on by default in async."""
+counts only rollouts that will train; ``tis_cap`` is on by default in async. With several
+policies every turn is aged against its own policy's version (issue #34)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from core.rollout import RolloutOutcome
 from core.trainer.config import ASYNC_TIS_CAP, TrainerConfig
 from core.trainer.loop import Trainer
 from core.trainer.metrics import flow_metrics
-from core.trainer.pool import FinishedGroup, mask_stale_turns
+from core.trainer.pool import FinishedGroup, mask_stale_turns, rollout_staleness
 from core.types import (
+    DEFAULT_POLICY,
     FinishReason,
     RolloutRequest,
     RolloutResult,
@@ -25,8 +27,10 @@ from core.types import (
 )
 
 
-def _outcome(versions: list[int], status: RolloutStatus = RolloutStatus.OK) -> RolloutOutcome:
-    turns = [TurnSpan(2 + 3 * i, 4 + 3 * i, FinishReason.STOP, v) for i, v in enumerate(versions)]
+def _outcome(
+    versions: list[int], status: RolloutStatus = RolloutStatus.OK, policy: str = DEFAULT_POLICY
+) -> RolloutOutcome:
+    turns = [TurnSpan(2 + 3 * i, 4 + 3 * i, FinishReason.STOP, v, policy=policy) for i, v in enumerate(versions)]
     n = 2 + 3 * len(versions)
     mask = [0] * n
     for t in turns:
@@ -79,6 +83,36 @@ def test_with_exclude_failed_false_a_failed_rollout_trains_so_it_ages_its_group(
     rowless = replace(early_failure, rows=[])
     lone = FinishedGroup(seq=1, data_index=1, outcomes=[rowless, _outcome([5])])
     assert lone.staleness(6, exclude_failed=False) == 1
+
+
+def _two_roles(up: list[int], down: list[int]) -> RolloutOutcome:
+    """A rollout with a row of policy ``up`` and one of ``down``, turns at those versions."""
+    a, b = _outcome(up, policy="up"), _outcome(down, policy="down")
+    return replace(a, rows=[a.rows[0], b.rows[0]])
+
+
+def test_each_turn_is_aged_against_its_own_policys_version() -> None:
+    """Policy ``up`` stepped to version 5, ``down`` never stepped (version 0): down's turns,
+    sampled at 0, are not stale at all, however far up has moved; up's turns at 3 are 2 old."""
+    versions = {"up": 5, "down": 0}
+    o = _two_roles([3, 5], [0, 0])
+    assert rollout_staleness([o], versions) == [2]
+    assert rollout_staleness([o], 5) == [5]  # what one version for every turn would say
+    assert FinishedGroup(seq=0, data_index=0, outcomes=[o]).staleness(versions) == 2
+    flow = flow_metrics([o], versions, {"rollouts/finished": 1}, 1.0)
+    assert (flow["async/staleness_max"], flow["async/token_staleness_max"]) == (2, 2)
+    assert flow["async/token_staleness_mean"] == pytest.approx(0.5)  # 2 of 8 tokens (up's) 2 old
+    # The hard bound masks up's stale turn only; down's turns all still train.
+    (masked_o,), masked = mask_stale_turns([o], versions, max_staleness=0)
+    assert masked == 2
+    up_row, down_row = masked_o.rows
+    assert up_row.loss_mask == [0, 0, 0, 0, 0, 1, 1, 0]
+    assert down_row.loss_mask == o.rows[1].loss_mask and sum(down_row.loss_mask) == 4
+
+
+def test_a_turn_of_a_policy_the_run_does_not_have_is_a_clear_error() -> None:
+    with pytest.raises(KeyError, match="policy 'down' trains, but the run's policies are \\['up'\\]"):
+        rollout_staleness([_two_roles([1], [1])], {"up": 1})
 
 
 @pytest.mark.parametrize(
