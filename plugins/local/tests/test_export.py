@@ -45,6 +45,26 @@ def _train(run_dir: Path, *extra: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+LORA = ("backend.lora.enabled=true", "backend.lora.rank=4", "backend.lora.alpha=8")
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One full-weights run for the module's tests: they only read it (an export writes elsewhere)."""
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    _train(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One LoRA run, read by both LoRA export modes."""
+    pytest.importorskip("peft", reason="LoRA needs the tracerl-local[lora] extra")
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    _train(run_dir, *LORA)
+    return run_dir
+
+
 def _trainer_logprobs(run_dir: Path, *, load: bool) -> tuple[list[float], list[int], str]:
     """Logprobs of the chat's tokens as the run's backend computes them for training."""
     plugins = load_plugins()
@@ -77,14 +97,12 @@ def _hf_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["full", "lora merged", "lora adapter"])
-def test_exported_directory_gives_the_trainers_logprobs(tmp_path: Path, mode: str) -> None:
+def test_exported_directory_gives_the_trainers_logprobs(
+    tmp_path: Path, mode: str, request: pytest.FixtureRequest
+) -> None:
     from transformers import AutoTokenizer
 
-    if mode != "full":
-        pytest.importorskip("peft", reason="LoRA needs the tracerl-local[lora] extra")
-    run_dir = tmp_path / "run"
-    lora = ["backend.lora.enabled=true", "backend.lora.rank=4", "backend.lora.alpha=8"] if mode != "full" else []
-    _train(run_dir, *lora)
+    run_dir: Path = request.getfixturevalue("full_run" if mode == "full" else "lora_run")
     out = tmp_path / "exported"
     assert main([str(run_dir), str(out), *(["--adapter"] if mode == "lora adapter" else [])]) == 0
 
@@ -109,9 +127,10 @@ def test_exported_directory_gives_the_trainers_logprobs(tmp_path: Path, mode: st
         assert tok.convert_tokens_to_ids("<|im_end|>") in (eos if isinstance(eos, list) else [eos])
 
 
-def test_export_refuses_a_non_empty_directory_and_adapter_without_lora(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir = tmp_path / "run"
-    _train(run_dir)
+def test_export_refuses_a_non_empty_directory_and_adapter_without_lora(
+    tmp_path: Path, full_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = full_run
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
