@@ -16,6 +16,7 @@ run here (with what is substituted said beside it), composed only, or not run
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -78,14 +79,22 @@ def _run(command: str, cwd: Path, *extra: str, env: dict[str, str] | None = None
     )
 
 
+@functools.cache
+def _plugins() -> Any:
+    """The installed plugins, loaded once for the module's composes (loading reads every
+    installed distribution's metadata: most of a compose's time when done per command)."""
+    from core.plugins import load_plugins
+
+    return load_plugins()
+
+
 def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     from core.config import CONFIG_MODULE, PRIMARY_CONFIG, VERSION_BASE, register_configs
-    from core.plugins import load_plugins
 
-    register_configs(load_plugins())
+    register_configs(_plugins())
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=VERSION_BASE):
         return compose(config_name=PRIMARY_CONFIG, overrides=overrides)
