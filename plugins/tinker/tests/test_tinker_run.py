@@ -238,3 +238,34 @@ def test_two_policies_train_on_their_own_clients_and_resume_each(tmp_path: Path,
     step3 = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step") == 3 and "reward/mean" in r]
     assert [(r["policy/up/weight_version"], r["policy/down/weight_version"]) for r in step3] == [(3.0, 3.0)]
     assert service.log.closes == ["success"] * 4
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_policies_in_async_mode_age_each_turn_against_its_own_policy(
+    tmp_path: Path, service: FakeServiceClient
+) -> None:
+    """``trainer.mode=async`` with a policy per role on Tinker: each policy's turns are
+    sampled by its own clients while the other trains, and staleness is read per policy
+    (docs/multi_agent.md): both first groups ran on each policy's version 0, so the second
+    step trains each policy's turns one version late, never more."""
+    run_dir = tmp_path / "run"
+    cfg, plugins = _cfg(run_dir, *TWO_ROLES, "trainer.max_steps=3", "trainer.mode=async", "trainer.max_staleness=1")
+    trainer = Trainer(cfg, plugins)
+    assert asyncio.run(trainer.run()) == 0
+    assert trainer.policies.versions() == {"up": 3, "down": 3}
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        ages = [r[f"policy/{name}/staleness_max"] for name in ("up", "down")]
+        assert all(age <= 1 for age in ages)
+        assert r["async/staleness_max"] == max(ages) and r["async/group_staleness_max"] == max(ages)
+    assert records[1]["policy/up/staleness_max"] == records[1]["policy/down/staleness_max"] == 1
+    up, down = trainer.policies["up"], trainer.policies["down"]
+    clients = {
+        name: [c for c in service.sampling_clients if c.trainer is backend._training]
+        for name, backend in (("up", up), ("down", down))
+    }
+    # A weight push per policy and step, each to its own sampling client, while rollouts ran.
+    pushes = {name: [c.steps for c in mine] for name, mine in clients.items()}
+    assert pushes == {"up": [0, 1, 2, 3], "down": [0, 1, 2, 3]}
