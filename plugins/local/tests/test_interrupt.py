@@ -9,6 +9,7 @@ greedy decoding, against references sampled on each weight version alone.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ from tracerl_local.sampler import SamplerStats
 
 from core.gateway import Gateway, GatewayConfig
 from core.gateway.messages import openai_units
+from core.gateway.policies import PolicyRoutes
 from core.gateway.turn import TurnRequest
 from core.types import FinishReason, SampleResult, SamplingParams, Segment, TraceRecord
 
@@ -104,6 +106,42 @@ def test_a_weight_sync_interrupts_a_turn_that_goes_on_under_the_new_weights(make
     k = old.end - old.start
     assert trainer[k:] == pytest.approx(result.logprobs[k:], abs=1e-4)
     assert max(abs(a - b) for a, b in zip(trainer[:k], result.logprobs[:k], strict=True)) > 0.1
+
+
+def test_a_policys_weight_sync_interrupts_only_its_own_turns(make_backend) -> None:
+    """Two policies, a backend each (as core's loop builds them, docs/multi_agent.md), one
+    gateway: new weights published to ``up`` while a turn of each policy is generated
+    interrupt ``up``'s turn only; ``down``'s goes on under its own weights, one segment at
+    its own version (async training pushes each policy's weights while rollouts run)."""
+    up: LocalBackend = make_backend(seed=0, batch_wait_ms=0.0)
+    down: LocalBackend = make_backend(seed=0, batch_wait_ms=0.0)
+    gw = Gateway(tokenizer=up.get_tokenizer(), sampler=up.sampler, config=GatewayConfig(),
+                 policies=PolicyRoutes(names=("up", "down")))
+    gw.set_sampler(down.sampler, policy="down")
+
+    async def turn(policy: str) -> TraceRecord:
+        sid = gw.create_session(sampling=GREEDY, policy=policy)
+        await gw.run_turn(sid, TurnRequest(units=openai_units([{"role": "user", "content": "After 3?"}])))
+        (row,) = gw.finish_session(sid)
+        return row
+
+    async def go() -> tuple[TraceRecord, TraceRecord, SampleResult]:
+        _publish_mid_generation(up)
+        row_up, row_down = await asyncio.gather(turn("up"), turn("down"))
+        span = row_down.turns[0]
+        alone = await down.sampler.sample(row_down.token_ids[: span.start], GREEDY, session_id="ref")
+        return row_up, row_down, alone
+
+    row_up, row_down, alone = run(go())
+    (span_up,), (span_down,) = row_up.turns, row_down.turns
+    assert (span_up.policy, span_down.policy) == ("up", "down")
+    assert [g.weight_version for g in span_up.segments] == [0, 1]
+    assert up.sampler.stats.interrupted == 1 and up.sampler.weight_version == 1
+    assert span_down.segments == () and span_down.weight_version == 0 and down.sampler.weight_version == 0
+    assert down.sampler.stats.interrupted == 0
+    # down's turn is what its own (unchanged) weights generate alone, token for token.
+    assert row_down.token_ids[span_down.start : span_down.end] == alone.token_ids
+    assert row_down.token_ids[span_down.start : span_down.end] != row_up.token_ids[span_up.start : span_up.end]
 
 
 def test_on_update_abort_ends_the_generation_with_its_tokens(make_backend) -> None:
