@@ -477,7 +477,9 @@ class Trainer:
         )
         record.update(flow_metrics(outcomes, version, flow, step_time, exclude_failed=self.algo.exclude_failed))
         if self.policies.several:
-            record.update(policy_metrics(outcomes, signal, versions, self.policies.versions()))
+            record.update(policy_metrics(
+                outcomes, signal, versions, self.policies.versions(), exclude_failed=self.algo.exclude_failed
+            ))
         record.update(component_metrics(outcomes))
         # The viewer shows each rollout's lag behind the step's version: with several policies
         # there is one per policy, so none is written rather than the default policy's.

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
-from core.trainer.pool import token_staleness
+from core.trainer.pool import token_staleness, trains
 
 if TYPE_CHECKING:
     from core.rollout import RolloutOutcome
@@ -136,6 +136,8 @@ def policy_metrics(
     signal: StepSignal,
     before: Mapping[str, int],
     after: Mapping[str, int],
+    *,
+    exclude_failed: bool = True,
 ) -> dict[str, float]:
     """``policy/<name>/*`` of one step, for every policy (NaN where it had nothing):
 
@@ -143,7 +145,8 @@ def policy_metrics(
       role reward for it when it returned one, else of its reward; ``rollouts`` counts them;
     - ``turns`` its turns, ``tokens`` its trained tokens (loss weight);
     - ``staleness_mean`` / ``staleness_max``: optimizer steps of the policy between the weights
-      that sampled each of its trained tokens and those it trained (``before``);
+      that sampled each of its trained tokens and those it trained (``before``), over the
+      rollouts that train (``ok``, and failed ones with rows when ``exclude_failed`` is False);
     - ``weight_version`` after the step (``after``).
 
     The step's ``async/*staleness*`` are ``core.trainer.metrics.flow_metrics``'s, which read
@@ -154,17 +157,19 @@ def policy_metrics(
     for datum, policy in zip(signal.datums, signal.policies, strict=True):
         tokens[policy] = tokens.get(policy, 0.0) + sum(datum.weights)
     ok = [o for o in outcomes if o.ok]
+    trained = [o for o in outcomes if trains(o, exclude_failed=exclude_failed)]
     for name, version in before.items():
         mine = _policy_rows(ok, name)
+        aged = _policy_rows(trained, name)
         rewards = [o.result.role_rewards.get(name, float(o.result.reward or 0.0)) for o in mine]
-        mean, worst = token_staleness(mine, version)
+        mean, worst = token_staleness(aged, version)
         out.update({
             f"policy/{name}/reward": sum(rewards) / len(rewards) if rewards else math.nan,
             f"policy/{name}/rollouts": float(len(mine)),
             f"policy/{name}/turns": float(sum(len(r.turns) for o in mine for r in o.rows)),
             f"policy/{name}/tokens": tokens.get(name, 0.0),
-            f"policy/{name}/staleness_mean": mean if mine else math.nan,
-            f"policy/{name}/staleness_max": float(worst) if mine else math.nan,
+            f"policy/{name}/staleness_mean": mean if aged else math.nan,
+            f"policy/{name}/staleness_max": float(worst) if aged else math.nan,
             f"policy/{name}/weight_version": float(after[name]),
         })
     return out

@@ -15,7 +15,9 @@ from core.rollout import RolloutOutcome
 from core.trainer.config import ASYNC_TIS_CAP, TrainerConfig
 from core.trainer.loop import Trainer
 from core.trainer.metrics import flow_metrics
+from core.trainer.policies import policy_metrics
 from core.trainer.pool import FinishedGroup, mask_stale_turns, rollout_staleness
+from core.trainer.signal import StepSignal
 from core.types import (
     DEFAULT_POLICY,
     FinishReason,
@@ -108,6 +110,21 @@ def test_each_turn_is_aged_against_its_own_policys_version() -> None:
     up_row, down_row = masked_o.rows
     assert up_row.loss_mask == [0, 0, 0, 0, 0, 1, 1, 0]
     assert down_row.loss_mask == o.rows[1].loss_mask and sum(down_row.loss_mask) == 4
+
+
+def test_a_policys_staleness_counts_the_failed_rollouts_that_train() -> None:
+    """``policy/<name>/staleness_*`` read the rollouts that train, as ``async/staleness_*`` do:
+    under ``exclude_failed=false`` a failed rollout with rows trains (at reward 0), so its old
+    tokens count; by default it does not train and does not age the policy."""
+    failed = replace(_two_roles([1], [4]), result=replace(_outcome([1]).result, status=RolloutStatus.TIMEOUT, reward=None))
+    outcomes = [failed, _two_roles([5], [4])]
+    versions = {"up": 5, "down": 4}
+    scored = policy_metrics(outcomes, StepSignal(), versions, versions, exclude_failed=False)
+    excluded = policy_metrics(outcomes, StepSignal(), versions, versions)
+    assert scored["policy/up/staleness_max"] == 4 and excluded["policy/up/staleness_max"] == 0
+    assert scored["policy/up/rollouts"] == excluded["policy/up/rollouts"] == 1  # rewards: ok ones only
+    flow = flow_metrics(outcomes, versions, {"rollouts/finished": 2}, 1.0, exclude_failed=False)
+    assert flow["async/staleness_max"] == scored["policy/up/staleness_max"]
 
 
 def test_a_turn_of_a_policy_the_run_does_not_have_is_a_clear_error() -> None:
