@@ -83,10 +83,12 @@ def _record_run(cfg: DictConfig, given: list[str]) -> None:
 
 
 def _run(cfg: DictConfig, plugins: Plugins, given: list[str]) -> int:
-    from core.trainer.guards import check_policy_support
+    from core.trainer.guards import check_policy_settings, check_policy_support
+    from core.trainer.policy_config import read_policies
 
     spec = plugins.backend(str(cfg.backend.name))
     check_policy_support([str(name) for name in cfg.get("policies") or {}], spec)  # before anything starts
+    check_policy_settings(read_policies(cfg.get("policies")), spec)
     if spec.kind == "driving":
         check_driving_settings(cfg, str(spec.name))
         backend = spec.factory(cfg)

@@ -28,7 +28,7 @@ from a row shifts by one: the model reads ``token_ids[:-1]`` and is scored on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeAlias
 
@@ -41,6 +41,7 @@ __all__ = [
     "Logprobs",
     "Metrics",
     "ParseStatus",
+    "PolicySampling",
     "RolloutRequest",
     "RolloutResult",
     "RolloutStatus",
@@ -150,6 +151,21 @@ class RolloutStatus(StrEnum):
 
 
 @dataclass(frozen=True)
+class PolicySampling:
+    """One policy's own sampling defaults in a session serving several policies: they replace
+    the session's for the turns routed to that policy (docs/multi_agent.md)."""
+
+    temperature: float
+    """Softmax temperature of the policy's turns."""
+    top_p: float
+    """Nucleus mass of the policy's turns."""
+    top_k: int
+    """Top-k of the policy's turns (-1: off)."""
+    max_tokens: int
+    """Most tokens per turn of the policy."""
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings for one generation call.
 
@@ -174,6 +190,27 @@ class SamplingParams:
     EOS (``<|eot_id|>``) would otherwise generate past its turn."""
     seed: int | None = None
     """Seed for reproducible sampling, when the backend supports it."""
+    by_policy: tuple[tuple[str, PolicySampling], ...] = ()
+    """Session defaults only: policies whose turns sample with their own settings (a run's
+    per-policy ``temperature``, ``max_tokens``, ...), by name; the gateway resolves a turn's
+    parameters with ``for_policy``, so a sampler never sees this."""
+
+    def for_policy(self, policy: str) -> SamplingParams:
+        """These settings for a turn of ``policy``: its own ``by_policy`` entry over them,
+        without ``by_policy``."""
+        if not self.by_policy:
+            return self
+        own = dict(self.by_policy).get(policy)
+        if own is None:
+            return replace(self, by_policy=())
+        return replace(
+            self,
+            by_policy=(),
+            temperature=own.temperature,
+            top_p=own.top_p,
+            top_k=own.top_k,
+            max_tokens=own.max_tokens,
+        )
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -8,7 +8,8 @@ Defines:
 - ``turn_seed``: the seed of call ``n`` of a session seeded with ``seed``.
 
 Sampling precedence (documented in docs/gateway.md): the session's
-``SamplingParams`` are the defaults; a request may lower ``max_tokens`` and add
+``SamplingParams`` are the defaults (with the turn's policy's own over them, in a run
+whose policies sample apart: docs/multi_agent.md); a request may lower ``max_tokens`` and add
 stop strings; it may set temperature/top_p/top_k only when the session allows
 overrides (``GatewayConfig.allow_sampling_overrides`` or the per-session flag),
 otherwise the session's values win and the ignored request is counted. Every
@@ -33,14 +34,15 @@ from core.types import SamplingParams
 __all__ = ["call_seed", "turn_params", "turn_seed"]
 
 
-def turn_params(s: Session, req: TurnRequest) -> SamplingParams:
-    """The parameters ``req``'s turn in session ``s`` is sampled with (before the context
-    budget and the seed); an override the session does not allow is counted and ignored.
+def turn_params(s: Session, req: TurnRequest, policy: str) -> SamplingParams:
+    """The parameters ``req``'s turn of ``policy`` in session ``s`` is sampled with (before the
+    context budget and the seed): the session's, with ``policy``'s own defaults over them
+    (``SamplingParams.by_policy``); an override the session does not allow is counted and ignored.
 
     Raises:
         GatewayError: 400 for a ``max_tokens`` below 1 or parameters out of range.
     """
-    base = s.sampling
+    base = s.sampling.for_policy(policy)
     changes: dict[str, Any] = {}
     if req.max_tokens is not None:
         if req.max_tokens < 1:

@@ -326,7 +326,7 @@ class Gateway:
                 param="tools",
             )
         policy = self.policies.route(req.model, s.policy, self.model_id)
-        params = turn_params(s, req)
+        params = turn_params(s, req, policy)
         prompt = await self.prompts.build(s, req, policy)
         try:
             if s.closed:  # finished while a large prompt rendered in a worker thread

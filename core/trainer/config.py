@@ -7,7 +7,8 @@ config into ``TrainConfig``: the schema's dataclasses, whose ``__post_init__`` c
 run, then ``validate``, the checks that span groups; so a bad setting is refused
 before anything starts. The sections plugins own (``backend``, ``runtime``,
 ``reward``) stay the composed ``DictConfig`` nodes. Also defines ``check_loss_config`` and
-``policy_routes`` (the gateway's routing table from ``policies``).
+``policy_routes`` (the gateway's routing table from ``policies``); a policy's own settings
+are ``core.trainer.policy_config``'s.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from core.gateway.config import GatewayConfig
 from core.gateway.policies import PolicyRoutes
 from core.rollout.outcome import check_exclude_on
 from core.trainer.fleet import SamplerConfig
+from core.trainer.policy_config import PolicyConfig, policy_algorithm, read_policies
 from core.trainer.signal import TOKEN_MEAN_OVER
 
 ASYNC_TIS_CAP = 2.0
@@ -289,15 +291,6 @@ class TaskConfig:
     (a task's fixed tools block and tool calls); empty: none."""
 
 
-@dataclass
-class PolicyConfig:
-    """One entry of ``policies``: a policy the gateway routes turns to (docs/multi_agent.md)."""
-
-    models: list[str] = field(default_factory=list)
-    """Model names (the ``model`` an agent's request sends) routed to this policy, besides
-    the policy's own name."""
-
-
 def policy_routes(policies: Mapping[str, PolicyConfig]) -> PolicyRoutes:
     """The gateway's routing table for ``policies``: one ``DEFAULT_POLICY`` when empty, else
     the policies in the order given (the first is the sessions' default).
@@ -358,8 +351,9 @@ class TrainConfig:
     """``python -m core.eval`` settings (docs/eval.md)."""
     policies: dict[str, Any] = field(default_factory=dict)
     """The policies the gateway routes turns to by their request's ``model``, by name, each a
-    ``PolicyConfig`` once ``load_train_config`` has read it (the schema keeps a plain mapping:
-    OmegaConf refuses ``+policies.<name>=...`` into a typed one). Empty: one policy,
+    ``PolicyConfig`` (its own learning rate, loss and sampling over ``algorithm``'s) once
+    ``load_train_config`` has read it (the schema keeps a plain mapping: OmegaConf refuses
+    ``+policies.<name>=...`` into a typed one, and pydantic checks each entry). Empty: one policy,
     ``core.types.DEFAULT_POLICY``, as a run with no sub-agents needs. More than one needs a
     backend that declares ``multi_policy`` (local; docs/multi_agent.md)."""
 
@@ -392,7 +386,7 @@ def load_train_config(cfg: DictConfig) -> TrainConfig:
         trainer=_section(cfg.trainer, TrainerConfig),
         sampler=_section(cfg.get("sampler") or {}, SamplerConfig),
         eval=_section(cfg.get("eval") or {}, EvalConfig),
-        policies={str(k): _section(v or {}, PolicyConfig) for k, v in (cfg.get("policies") or {}).items()},
+        policies=read_policies(cfg.get("policies")),
     )
     validate(typed)
     return typed
@@ -405,6 +399,8 @@ def validate(cfg: TrainConfig) -> None:
     loop's rollout runner waits with, is checked at the root.
     """
     policy_routes(cfg.policies)
+    for name, policy in cfg.policies.items():  # each policy's algorithm is checked as the run's
+        policy_algorithm(cfg.algorithm, name, policy)
     if cfg.sampler.sleep_during_train and (cfg.sampler.kind == "backend" or cfg.trainer.mode != "sync"):
         why = (
             "sampler=backend has no inference servers to put to sleep"

@@ -4,19 +4,21 @@
   run's checkpoints or metrics;
 - ``check_canary``: the canary rollout reached the gateway and returned a reward;
 - ``check_failures``: a step's rollout failure rate is within ``trainer.max_failure_rate``;
-- ``check_policy_support``: a run with several ``policies`` has a backend that trains them.
+- ``check_policy_support``: a run with several ``policies`` has a backend that trains them;
+- ``check_policy_settings``: a policy's own settings go to a backend that applies them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import ConfigError, RunAborted
 from core.rollout import RolloutOutcome
 from core.rundir.checkpoint import existing_checkpoints
+from core.trainer.policy_config import PolicyConfig
 from core.types import RolloutStatus
 
 if TYPE_CHECKING:
@@ -34,6 +36,22 @@ def check_policy_support(policies: Sequence[str], spec: BackendSpec) -> None:
             "train every policy's turns into one model. Keep at most one entry in policies, or train on "
             "a backend that declares it, such as backend=local (docs/multi_agent.md)"
         )
+
+
+def check_policy_settings(policies: Mapping[str, PolicyConfig], spec: BackendSpec) -> None:
+    """Refuse a policy's own ``algorithm`` settings (learning rate, loss, sampling) on a backend
+    that runs its own trainer (verl, slime): it reads ``algorithm`` only, so they would be
+    silently ignored."""
+    if spec.kind == "driven":
+        return
+    for name, policy in policies.items():
+        own = sorted(policy.algorithm_settings())
+        if own:
+            raise ConfigError(
+                f"policies.{name} sets {own}, but backend {spec.name!r} runs its own trainer, which "
+                f"reads algorithm.* and no policy's own settings; set them as algorithm.{own[0]}=... "
+                "or train on a backend core drives (backend=local or tinker; docs/multi_agent.md)"
+            )
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:

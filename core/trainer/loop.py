@@ -37,7 +37,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +65,7 @@ from core.rundir.metrics import (
 )
 from core.rundir.report import write_report
 from core.rundir.traces import TraceWriter
-from core.trainer.config import ASYNC_TIS_CAP, load_train_config, policy_routes
+from core.trainer.config import ASYNC_TIS_CAP, AlgorithmConfig, load_train_config, policy_routes
 from core.trainer.fleet import Fleet, build_fleet
 from core.trainer.guards import (
     check_canary,
@@ -75,9 +74,16 @@ from core.trainer.guards import (
     check_policy_support,
 )
 from core.trainer.metrics import StepReport, StepTimes, flow_metrics, step_metrics
-from core.trainer.overrides import loss_sampling, mask_override_turns
+from core.trainer.overrides import mask_override_turns
 from core.trainer.parse_watch import ParseWatch
-from core.trainer.policies import PolicyBackends, check_policy_modes, policy_metrics
+from core.trainer.policies import (
+    PolicyBackends,
+    check_policy_modes,
+    loss_samplings,
+    policy_metrics,
+    session_sampling,
+)
+from core.trainer.policy_config import policy_algorithm
 from core.trainer.pool import PoolResume, PoolSize, RolloutPool, Versions, mask_stale_turns
 from core.trainer.signal import StepSignal, build_signal, check_role_rewards
 from core.trainer.source import (
@@ -90,6 +96,17 @@ from core.trainer.source import (
 from core.types import AdamParams, Datum, SamplingParams
 
 Closer = Callable[[], Awaitable[Any]]  # an ``aclose`` of something the run started
+
+
+def tis_cap_of(algo: Any, mode: str, backend: Any) -> float:
+    """``algo.tis_cap``, or when not set: ``ASYNC_TIS_CAP`` for an async run with a ratio loss
+    on a backend that applies it, else 0 (off)."""
+    if algo.tis_cap is not None:
+        return float(algo.tis_cap)
+    applies = bool(getattr(backend, "truncates_importance_weights", False))
+    if mode == "async" and applies and algo.loss in SAMPLER_LOGPROB_LOSSES:
+        return ASYNC_TIS_CAP
+    return 0.0
 
 
 class Trainer:
@@ -107,8 +124,13 @@ class Trainer:
         self.run_dir = Path(self.cfg.run_dir)
         self.t = self.cfg.trainer
         self.algo = self.cfg.algorithm
-        self.loss_sampling = loss_sampling(self.algo)
-        """What the loss assumes turns were sampled with; sessions sample with its top-p/top-k."""
+        self.policy_algos = {
+            name: policy_algorithm(self.algo, name, self.cfg.policies.get(name))
+            for name in policy_routes(self.cfg.policies).names
+        }
+        """Each policy's ``algorithm``: the run's with the policy's own settings over it."""
+        self.loss_samplings = loss_samplings(self.policy_algos)
+        """What each policy's loss assumes its turns were sampled with; sessions sample with it."""
         self.step = 0
         self._last_batch: list[int] = []
         self._closers: list[Closer] = []
@@ -183,12 +205,7 @@ class Trainer:
     def tis_cap(self) -> float:
         """``algorithm.tis_cap``, or when not set: ``ASYNC_TIS_CAP`` for an async run with a
         ratio loss on a backend that applies it, else 0 (off)."""
-        if self.algo.tis_cap is not None:
-            return float(self.algo.tis_cap)
-        applies = bool(getattr(self.backend, "truncates_importance_weights", False))
-        if self.t.mode == "async" and applies and self.algo.loss in SAMPLER_LOGPROB_LOSSES:
-            return ASYNC_TIS_CAP
-        return 0.0
+        return tis_cap_of(self.algo, self.t.mode, self.backend)
 
     def _sampler(self) -> Any:
         """What the gateway samples with: the fleet's HTTP sampler, or the backend's own."""
@@ -216,23 +233,18 @@ class Trainer:
             self._lock.release()
             self._lock = None
 
-    def _sampling(self, temperature: float, *, stream: int = 0) -> SamplingParams:
-        """Session sampling settings; seeded from ``seed``, the step and ``stream`` so a
+    def _sampling(self, *, evaluation: bool = False, stream: int = 0) -> SamplingParams:
+        """Session sampling settings (each policy's own, ``session_sampling``; at the eval
+        temperatures for an ``evaluation``); seeded from ``seed``, the step and ``stream`` so a
         run (and a resumed run) samples the same tokens every time."""
         seed = (self.cfg.seed * 1_000_003 + self.step * 65_537 + stream) % (2**62)
-        return SamplingParams(
-            max_tokens=self.algo.max_tokens,
-            temperature=float(temperature),
-            top_p=self.loss_sampling.top_p,
-            top_k=self.loss_sampling.top_k,
-            seed=seed,
-        )
+        return session_sampling(self.policy_algos, evaluation=evaluation, seed=seed)
 
     # -- guards ---------------------------------------------------------------
 
     async def _canary(self) -> None:
         """One rollout that must reach the gateway and return a reward."""
-        sampling = self._sampling(self.algo.temperature, stream=1)
+        sampling = self._sampling(stream=1)
         check_canary(await self.runner.run_one(self.train_rows[0], group_id="canary", sampling=sampling))
 
     def _check_failures(self, outcomes: list[RolloutOutcome]) -> Counter[str]:
@@ -259,7 +271,7 @@ class Trainer:
             return await self.runner.run_groups(
                 payloads,
                 group_size=self.t.group_size,
-                sampling=self._sampling(self.algo.temperature),
+                sampling=self._sampling(),
                 on_done=(lambda _o: bar.update(1)) if bar is not None else None,
             )
         finally:
@@ -275,20 +287,22 @@ class Trainer:
             token_mean_over=self.algo.token_mean_over,
         )
 
-    async def _train(self, datums: list[Datum], backend: Any) -> dict[str, float]:
-        """``forward_backward`` and ``optim_step`` of ``backend`` (one policy's) on ``datums``."""
-        loss_config = dict(self.algo.loss_config)
-        loss_config.setdefault("temperature", self.algo.temperature)
-        if self.tis_cap:
-            loss_config["tis_cap"] = self.tis_cap
-        result = await backend.forward_backward(datums, self.algo.loss, loss_config)
+    async def _train(self, datums: list[Datum], backend: Any, algo: AlgorithmConfig) -> dict[str, float]:
+        """``forward_backward`` and ``optim_step`` of ``backend`` (one policy's) on ``datums``,
+        with that policy's ``algo`` (its loss and optimizer settings)."""
+        loss_config = dict(algo.loss_config)
+        loss_config.setdefault("temperature", algo.temperature)
+        tis_cap = tis_cap_of(algo, self.t.mode, backend)
+        if tis_cap:
+            loss_config["tis_cap"] = tis_cap
+        result = await backend.forward_backward(datums, algo.loss, loss_config)
         opt = await backend.optim_step(
             AdamParams(
-                learning_rate=self.algo.learning_rate,
-                beta1=self.algo.beta1,
-                beta2=self.algo.beta2,
-                weight_decay=self.algo.weight_decay,
-                grad_clip_norm=self.algo.grad_clip_norm,
+                learning_rate=algo.learning_rate,
+                beta1=algo.beta1,
+                beta2=algo.beta2,
+                weight_decay=algo.weight_decay,
+                grad_clip_norm=algo.grad_clip_norm,
             )
         )
         out = {f"train/{k.replace('/', '_')}": float(v) for k, v in result.metrics.items()}
@@ -305,7 +319,7 @@ class Trainer:
             self.runner,
             payloads,
             samples_per_prompt=1,
-            sampling=self._sampling(self.algo.eval_temperature, stream=2),
+            sampling=self._sampling(evaluation=True, stream=2),
             rewards=self.rewards,
         )
         await self.traces.awrite_step(self.step, outcomes, {}, kind="eval")
@@ -375,13 +389,7 @@ class Trainer:
         batch, group = self.t.batch_size, self.t.group_size
         step, index = divmod(seq, batch)
         base = (self.cfg.seed * 1_000_003 + step * 65_537) % (2**62)
-        return SamplingParams(
-            max_tokens=self.algo.max_tokens,
-            temperature=self.algo.temperature,
-            top_p=self.loss_sampling.top_p,
-            top_k=self.loss_sampling.top_k,
-            seed=(base + 7_919 * index * group) % (2**63),
-        )
+        return session_sampling(self.policy_algos, evaluation=False, seed=(base + 7_919 * index * group) % (2**63))
 
     def _versions(self) -> Versions:
         """The weights a step's turns are aged against (staleness, the hard bound): the
@@ -430,13 +438,9 @@ class Trainer:
         version = self._versions()  # the weights these outcomes train (each policy's, with several)
         statuses = self._check_failures(outcomes + untrained)
         # A turn an agent sampled at its own temperature/top-p/top-k (sampling overrides)
-        # is context, never trained as if drawn from the distribution the loss scores.
-        # Compared with what the loop's sessions sample at (algorithm.temperature), not a
-        # loss_config.temperature set apart from it: that is the run's own setting, seen in
-        # lp-gap, and masking every turn for it would silently train nothing.
-        session = replace(self.loss_sampling, temperature=float(self.algo.temperature))
+        # is context, never trained as if drawn from the distribution its policy's loss scores.
         trainable, flow["turns/masked_overrides"], flow["tokens/masked_overrides"] = mask_override_turns(
-            outcomes, session
+            outcomes, self.loss_samplings
         )
         if self.t.mode == "async" and self.t.max_staleness_per_token >= 0:
             trainable, flow["async/masked_stale_tokens"] = mask_stale_turns(
@@ -500,13 +504,12 @@ class Trainer:
             "train/logprob_diff_max": math.nan,
             "train/skipped": 1.0,
         }
-        # An entropy bonus (loss_config.entropy_coef) is a gradient without advantages,
-        # and cross_entropy (supervised) ignores them.
-        needs_no_advantage = self.algo.loss == "cross_entropy" or (
-            float(self.algo.loss_config.get("entropy_coef", 0.0)) > 0
-        )
         trained: dict[str, dict[str, float]] = {}
         for name, datums in signal.by_policy().items():
+            algo = self.policy_algos.get(name, self.algo)
+            # An entropy bonus (loss_config.entropy_coef) is a gradient without advantages,
+            # and cross_entropy (supervised) ignores them.
+            needs_no_advantage = algo.loss == "cross_entropy" or float(algo.loss_config.get("entropy_coef", 0.0)) > 0
             has_signal = any(a != 0.0 for d in datums for a in d.advantages)
             if not (has_signal or (datums and needs_no_advantage)):
                 continue
@@ -514,7 +517,7 @@ class Trainer:
             if self.fleet is not None:  # sampler.sleep_during_train: the servers free the GPU; the push wakes them
                 await self.fleet.before_train()
             t0 = time.perf_counter()
-            trained[name] = await self._train(datums, backend)
+            trained[name] = await self._train(datums, backend, algo)
             times.train += time.perf_counter() - t0
             t0 = time.perf_counter()
             if self.policies.several:

@@ -12,8 +12,9 @@ Defines:
 
 - ``LossSampling``: the sampling settings the loss assumes; ``loss_sampling`` reads them
   from the ``algorithm`` node (the loop's sessions sample with them too).
-- ``mask_override_turns``: outcomes with every turn sampled otherwise made context,
-  plus how many turns and tokens that was.
+- ``mask_override_turns``: outcomes with every turn sampled otherwise made context
+  (compared per policy in a run whose policies sample apart), plus how many turns and
+  tokens that was.
 """
 
 from __future__ import annotations
@@ -64,9 +65,13 @@ def loss_sampling(algo: Any) -> LossSampling:
 
 
 def mask_override_turns(
-    outcomes: Sequence[RolloutOutcome], loss: LossSampling
+    outcomes: Sequence[RolloutOutcome], loss: LossSampling | Mapping[str, LossSampling]
 ) -> tuple[list[RolloutOutcome], int, int]:
     """``outcomes`` with every turn sampled at other settings than ``loss`` made context.
+
+    ``loss`` may be given per policy (each policy's loss assumes its own settings,
+    docs/multi_agent.md): a row is compared with its policy's (the first's for a policy
+    not given).
 
     A row's turns and its ``turn_params`` metadata are in the same order (the
     gateway writes both). Masked tokens get ``loss_mask`` 0 in copies of the rows;
@@ -77,11 +82,15 @@ def mask_override_turns(
     """
     out: list[RolloutOutcome] = []
     turns = tokens = 0
+    by_policy = loss if isinstance(loss, Mapping) else {}
+    first = next(iter(by_policy.values())) if by_policy else loss
+    assert isinstance(first, LossSampling)
     for o in outcomes:
         rows = []
         for r in o.rows:
             params = r.metadata.get("turn_params") or []
-            other = [t for t, p in zip(r.turns, params, strict=False) if not loss.matches(p)]
+            mine = by_policy.get(r.policy(), first) if by_policy else first
+            other = [t for t, p in zip(r.turns, params, strict=False) if not mine.matches(p)]
             if not other:
                 rows.append(r)
                 continue

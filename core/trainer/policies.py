@@ -9,6 +9,9 @@ Defines:
 - ``check_policy_modes``: refuses settings that cannot serve several policies yet (a fleet);
 - ``policy_metrics``: a step's ``policy/<name>/*`` metrics, its staleness read against
   its own version.
+- ``session_sampling``: a session's sampling defaults, each policy's own where its settings
+  differ from the default policy's (``SamplingParams.by_policy``), and ``loss_samplings``:
+  the distribution each policy's loss assumes its turns were drawn from.
 
 Why a backend per policy: the loop's training primitives (``forward_backward``,
 ``optim_step``, ``sync_sampler``, ``save_state``) already describe one policy, so a
@@ -25,13 +28,56 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
+from core.trainer.overrides import LossSampling, loss_sampling
 from core.trainer.pool import token_staleness, trains
+from core.types import PolicySampling, SamplingParams
 
 if TYPE_CHECKING:
     from core.rollout import RolloutOutcome
     from core.trainer.signal import StepSignal
 
-__all__ = ["PolicyBackends", "check_policy_modes", "policy_metrics"]
+__all__ = ["PolicyBackends", "check_policy_modes", "loss_samplings", "policy_metrics", "session_sampling"]
+
+
+def _sampled_with(algo: Any, *, evaluation: bool) -> PolicySampling:
+    """What a policy with ``algorithm`` ``algo`` samples its turns with."""
+    loss = loss_sampling(algo)
+    return PolicySampling(
+        temperature=float(algo.eval_temperature if evaluation else algo.temperature),
+        top_p=loss.top_p,
+        top_k=loss.top_k,
+        max_tokens=int(algo.max_tokens),
+    )
+
+
+def session_sampling(algos: Mapping[str, Any], *, evaluation: bool, seed: int | None) -> SamplingParams:
+    """A rollout session's sampling defaults for a run whose policies have ``algos`` (each
+    policy's ``algorithm``, the default policy first): the default policy's settings (its
+    ``temperature``, or ``eval_temperature`` in an evaluation, ``max_tokens`` and its loss's
+    ``top_p``/``top_k``), and in ``by_policy`` every other policy whose own differ.
+    """
+    names = list(algos)
+    base = _sampled_with(algos[names[0]], evaluation=evaluation)
+    own = {name: _sampled_with(algos[name], evaluation=evaluation) for name in names[1:]}
+    return SamplingParams(
+        max_tokens=base.max_tokens,
+        temperature=base.temperature,
+        top_p=base.top_p,
+        top_k=base.top_k,
+        seed=seed,
+        by_policy=tuple((name, mine) for name, mine in own.items() if mine != base),
+    )
+
+
+def loss_samplings(algos: Mapping[str, Any]) -> dict[str, LossSampling]:
+    """Each policy's turns as its loss assumes they were sampled: its loss's ``top_p``/``top_k``
+    at the temperature its sessions sample with (``algorithm.temperature``, its own when set).
+
+    Compared with what the sessions sample at, not a ``loss_config.temperature`` set apart from
+    it: that is the run's own setting, seen in lp-gap, and masking every turn for it would
+    silently train nothing.
+    """
+    return {name: replace(loss_sampling(algo), temperature=float(algo.temperature)) for name, algo in algos.items()}
 
 
 def check_policy_modes(policies: Sequence[str], *, sampler: str) -> None:

@@ -33,9 +33,11 @@ from core.samplers import ScriptedSampler
 from core.types import (
     DEFAULT_POLICY,
     FinishReason,
+    PolicySampling,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
+    SamplingParams,
     TraceRecord,
     TurnSpan,
 )
@@ -260,3 +262,35 @@ def test_each_policy_samples_with_its_own_sampler_and_weight_version(
     assert [(row.policy(), row.turns[0].weight_version) for row in rows] == [("planner", 0), ("coder", 7)]
     with pytest.raises(ConfigError, match=r"unknown policy 'critic'"):
         h.gw.set_sampler(coder, policy="critic")
+
+
+def test_each_policy_samples_with_its_own_sampling_defaults(make_routed: Callable[..., Harness]) -> None:
+    """A session's ``by_policy`` (a run's per-policy temperature, top_p, max_tokens): a turn routed
+    to ``coder`` is sampled with coder's, a turn of ``planner`` (the session's default) with the
+    session's; each turn records what it was sampled with, and no sampler sees ``by_policy``."""
+    h = make_routed()
+    h.push("p1", "c1", "p2")
+    coder = PolicySampling(temperature=0.3, top_p=0.9, top_k=5, max_tokens=4)
+    sampling = SamplingParams(max_tokens=16, temperature=1.0, seed=11, by_policy=(("coder", coder),))
+    sid = h.session(history_mode="tree", sampling=sampling)
+    client = h.openai(sid)
+    for model in ("planner", "coder", "gpt-planner"):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": model}])
+    sent = [(c.params.temperature, c.params.top_p, c.params.top_k, c.params.max_tokens) for c in h.sampler.calls]
+    assert sent == [(1.0, 1.0, -1, 16), (0.3, 0.9, 5, 4), (1.0, 1.0, -1, 16)]
+    assert all(c.params.by_policy == () for c in h.sampler.calls)
+    assert all(c.params.seed is not None for c in h.sampler.calls)  # the session's seed stays
+    rows = _finish(h, sid)
+    recorded = [(row.policy(), row.metadata["turn_params"][0]["temperature"]) for row in rows]
+    assert recorded == [("planner", 1.0), ("coder", 0.3), ("planner", 1.0)]
+
+
+def test_sampling_for_a_policy_replaces_only_its_own_settings() -> None:
+    own = PolicySampling(temperature=0.5, top_p=0.8, top_k=3, max_tokens=2)
+    base = SamplingParams(max_tokens=9, stop=("x",), seed=4, by_policy=(("coder", own),))
+    assert base.for_policy("coder") == SamplingParams(
+        max_tokens=2, temperature=0.5, top_p=0.8, top_k=3, stop=("x",), seed=4
+    )
+    assert base.for_policy("planner") == SamplingParams(max_tokens=9, stop=("x",), seed=4)
+    plain = SamplingParams()
+    assert plain.for_policy("coder") is plain

@@ -287,7 +287,7 @@ def test_async_groups_get_the_seeds_sync_gives_their_step(tmp_path: Path) -> Non
     trainer = Trainer(cfg, plugins)
     for step in (0, 1, 7):
         trainer.step = step
-        sync_seed = trainer._sampling(1.0).seed
+        sync_seed = trainer._sampling().seed
         assert sync_seed is not None
         for index in (0, 1):
             # run_groups gives rollout k of group i the seed + 7919 * (i * group_size + k)

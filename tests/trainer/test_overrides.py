@@ -54,3 +54,20 @@ def test_the_loss_settings_come_from_the_algorithm_node() -> None:
     assert loss_sampling(algo) == LossSampling(temperature=0.7, top_p=0.95, top_k=-1)
     assert LossSampling(0.7, 0.95, -1).matches(SamplingParams(temperature=0.7, top_p=0.95))
     assert not LossSampling(0.7, 0.95, -1).matches(SamplingParams(temperature=0.7, top_p=0.95, top_k=40))
+
+
+def test_each_policys_turns_are_compared_with_its_own_loss_sampling() -> None:
+    """Policies sampling apart (``policies.<name>.temperature``): a turn is context only when it
+    differs from what its own policy's loss assumes."""
+    from dataclasses import replace
+
+    def of(policy: str, temperature: float) -> RolloutOutcome:
+        o = _outcome([SamplingParams(temperature=temperature)])
+        row = o.rows[0]
+        return replace(o, rows=[replace(row, turns=[replace(t, policy=policy) for t in row.turns])])
+
+    losses = {"up": LossSampling(temperature=0.5), "down": LossSampling(temperature=1.0)}
+    outcomes = [of("up", 0.5), of("down", 1.0), of("down", 0.5), of("up", 1.0)]
+    masked, turns, tokens = mask_override_turns(outcomes, losses)
+    assert (turns, tokens) == (2, 4)
+    assert [sum(o.rows[0].loss_mask) for o in masked] == [2, 2, 0, 0]

@@ -44,7 +44,7 @@ def test_policies_compose_from_the_command_line_into_typed_entries() -> None:
         (["+policies.planner={models:[m]}", "+policies.coder={models:[m]}"], "'m' is routed to both policies"),
         (["+policies.planner={models:[coder]}", "+policies.coder={}"], "'coder' is routed to both policies"),
         (["+policies.planner={models:['']}"], "policies.planner.models must be non-empty model names"),
-        (["+policies.planner={temperature:0.5}"], "temperature"),
+        (["+policies.planner={temprature:0.5}"], r"policies\.planner\.temprature: unknown setting"),
     ],
 )
 def test_bad_policies_are_refused_before_anything_starts(overrides: list[str], message: str) -> None:
