@@ -1,9 +1,12 @@
-"""Config schema of the gateway section."""
+"""Config schema of the gateway section: ``GatewayConfig``, and ``SHARDS_PER_NODE``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+SHARDS_PER_NODE = "per_node"
+"""``gateway.shards`` value for one gateway process on each Ray node that hosts agents."""
 
 
 @dataclass
@@ -86,11 +89,12 @@ class GatewayConfig:
     you know do not matter for what you train (docs/gateway.md, Request fields)."""
     admin_token: str = ""
     """Token the admin routes require; empty generates a random one at start."""
-    shards: int = 1
+    shards: int | str = 1
     """Gateway processes sessions are spread over (docs/scale.md). 1: the gateway runs in
     the trainer's process, as always. More: that many processes on this machine, each
     owning its sessions, rows collected by the trainer as from one; they need a sampler
-    each can call (``sampler=vllm|sglang``)."""
+    each can call (``sampler=vllm|sglang``). ``per_node`` (``runtime=ray`` only): one
+    gateway process on each Ray node that hosts agents, serving that node's agents."""
 
     def __post_init__(self) -> None:
         from core.errors import ConfigError
@@ -118,8 +122,13 @@ class GatewayConfig:
         owned = sorted({"messages", "input", "max_tokens"} & set(self.ignore_request_fields))
         if owned:
             raise ConfigError(f"gateway.ignore_request_fields may not drop {owned}: a request cannot be read without them")
-        if not isinstance(self.shards, int) or self.shards < 1:
-            raise ConfigError(f"gateway.shards must be an integer >= 1 (1: no shards), got {self.shards!r}")
+        if self.shards != SHARDS_PER_NODE and (
+            not isinstance(self.shards, int) or isinstance(self.shards, bool) or self.shards < 1
+        ):
+            raise ConfigError(
+                f"gateway.shards must be an integer >= 1 (1: no shards) or {SHARDS_PER_NODE!r} "
+                f"(runtime=ray: one gateway per Ray node), got {self.shards!r}"
+            )
         negative = {k: v for k, v in limits.items() if v < 0}
         if negative:
             raise ConfigError(

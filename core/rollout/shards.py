@@ -32,10 +32,10 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import ConfigError, RuntimeStartError
 from core.gateway.config import GatewayConfig
@@ -43,7 +43,7 @@ from core.gateway.harvest import Harvest, harvest_from_json
 from core.rollout.sessions import ShardLost
 from core.types import SamplingParams
 
-__all__ = ["GatewayShards", "ShardSpec", "build_shard_gateway", "read_spec", "shard_spec"]
+__all__ = ["GatewayShards", "Shard", "ShardSpec", "build_shard_gateway", "read_spec", "shard_spec"]
 
 START_TIMEOUT_S = 120.0
 """How long a shard process may take to print where it listens."""
@@ -165,6 +165,24 @@ def _sampler(conf: dict[str, Any], tokenizer: Any) -> Any:
     raise ConfigError(f"gateway shard: sampler kind must be 'vllm', 'sglang' or 'scripted', got {kind!r}")
 
 
+class Shard(Protocol):
+    """One gateway shard as ``GatewayShards`` drives it: a process on this machine, or one on
+    a Ray node (``core.rollout.node_shards``)."""
+
+    index: int
+    root_url: str
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def name(self) -> str: ...
+
+    def gone(self, what: str) -> ShardLost: ...
+
+
 @dataclass
 class _Shard:
     index: int
@@ -195,13 +213,13 @@ class GatewayShards:
     """Shards keep no late-reward book the runner can wait on: ``reward_pending`` rollouts
     stay so (docs/scale.md)."""
 
-    def __init__(self, shards: list[_Shard], admin_token: str, folder: str) -> None:
+    def __init__(self, shards: Sequence[Shard], admin_token: str, folder: str) -> None:
         """Use ``GatewayShards.start``."""
         import httpx
 
-        self.shards = shards
+        self.shards: list[Shard] = list(shards)
         self._folder = folder
-        self._owner: dict[str, _Shard] = {}
+        self._owner: dict[str, Shard] = {}
         self._next = 0
         self._http = httpx.AsyncClient(
             headers={"authorization": f"Bearer {admin_token}"},
@@ -253,6 +271,23 @@ class GatewayShards:
 
     async def open(self, sampling: SamplingParams, metadata: dict[str, Any]) -> tuple[str, str]:
         """Open a session on the next live shard (round robin); its id and base URL."""
+        errors: list[str] = []
+        for _ in range(len(self.shards)):
+            shard = self.shards[self._next % len(self.shards)]
+            self._next += 1
+            try:
+                return await self._open_on(shard, sampling, metadata)
+            except ShardLost as exc:
+                errors.append(str(exc))
+        raise ShardLost("no gateway shard could take the session: " + "; ".join(errors))
+
+    async def _open_on(self, shard: Shard, sampling: SamplingParams, metadata: dict[str, Any]) -> tuple[str, str]:
+        """Open a session on ``shard``; its id and base URL.
+
+        Raises:
+            ShardLost: the shard is gone or does not answer.
+            ConfigError: the shard refused the session.
+        """
         import httpx
 
         body = {
@@ -263,24 +298,17 @@ class GatewayShards:
             },
             "metadata": metadata,
         }
-        errors: list[str] = []
-        for _ in range(len(self.shards)):
-            shard = self.shards[self._next % len(self.shards)]
-            self._next += 1
-            if not shard.alive:
-                errors.append(str(shard.gone("")))
-                continue
-            try:
-                resp = await self._http.post(shard.root_url + "/admin/sessions", json=body)
-            except httpx.TransportError as exc:
-                errors.append(str(shard.gone(f"stopped answering ({type(exc).__name__}: {exc})")))
-                continue
-            if resp.status_code != 200:
-                raise ConfigError(f"{shard.name()} refused a session: {resp.status_code} {resp.text[:300]}")
-            sid = str(resp.json()["session_id"])
-            self._owner[sid] = shard
-            return sid, shard.base_url
-        raise ShardLost("no gateway shard could take the session: " + "; ".join(errors))
+        if not shard.alive:
+            raise shard.gone("")
+        try:
+            resp = await self._http.post(shard.root_url + "/admin/sessions", json=body)
+        except httpx.TransportError as exc:
+            raise shard.gone(f"stopped answering ({type(exc).__name__}: {exc})") from None
+        if resp.status_code != 200:
+            raise ConfigError(f"{shard.name()} refused a session: {resp.status_code} {resp.text[:300]}")
+        sid = str(resp.json()["session_id"])
+        self._owner[sid] = shard
+        return sid, shard.base_url
 
     async def harvest(self, sid: str) -> Harvest | None:
         """The session's rows, counters and conversation from its shard; None when dropped."""
@@ -330,7 +358,8 @@ class GatewayShards:
         """Stop every shard (stdin closed, then SIGTERM, then SIGKILL); idempotent."""
         await self._http.aclose()
         for shard in self.shards:
-            await _stop(shard)
+            if isinstance(shard, _Shard):
+                await _stop(shard)
         shutil.rmtree(self._folder, ignore_errors=True)
 
 

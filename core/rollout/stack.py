@@ -4,7 +4,9 @@
 and a ``RolloutRunner`` over both: core's loop, ``python -m core.eval``, the verl
 agent-loop workers and slime's rollout processes share it. With ``gateway.shards``
 above 1 it starts that many gateway processes instead (``core.rollout.shards``),
-sampling from the ``sampler`` fleet, and the runner spreads sessions over them.
+sampling from the ``sampler`` fleet, and the runner spreads sessions over them; with
+``gateway.shards=per_node`` (``runtime=ray``), one on each node of the runtime's agent
+actors, started once the runtime is (``core.rollout.node_shards``).
 """
 
 from __future__ import annotations
@@ -66,10 +68,17 @@ async def start_rollout_stack(
     from core.plugins import load_plugins
 
     public = public_host or str(cfg.gateway.public_host or "")
-    server, shards = await _serve(cfg, gateway, public)
+    per_node = _per_node(cfg)
+    server, shards = (None, None) if per_node else await _serve(cfg, gateway, public)
     try:
         runtime = (plugins or load_plugins()).runtime(str(cfg.runtime.name)).factory(cfg)
         await runtime.start()
+        if per_node:
+            try:
+                shards = await _serve_per_node(cfg, gateway, runtime)
+            except BaseException:
+                await runtime.aclose()
+                raise
     except BaseException:
         if server is not None:
             await server.stop()
@@ -94,6 +103,39 @@ async def start_rollout_stack(
     return RolloutStack(server=server, runtime=runtime, runner=runner, shards=shards)
 
 
+def _per_node(cfg: DictConfig) -> bool:
+    """True for ``gateway.shards=per_node``; a ``ConfigError`` unless the runtime is ray."""
+    from core.gateway.config import SHARDS_PER_NODE
+
+    if _setting(cfg.gateway, "shards", 1) != SHARDS_PER_NODE:
+        return False
+    runtime = str(_setting(_setting(cfg, "runtime", {}), "name", ""))
+    if runtime != "ray":
+        from core.errors import ConfigError
+
+        raise ConfigError(
+            f"gateway.shards={SHARDS_PER_NODE} starts one gateway on each Ray node that hosts agents, so it "
+            f"needs runtime=ray; got runtime={runtime or '?'}. Use gateway.shards=N for N gateway processes "
+            "on this machine (docs/scale.md)"
+        )
+    return True
+
+
+async def _serve_per_node(cfg: DictConfig, gateway: Any, runtime: Any) -> GatewayShards:
+    """A gateway shard on each node of the started ray ``runtime``'s agent actors."""
+    import tempfile
+    from pathlib import Path
+
+    from core.gateway.config import SHARDS_PER_NODE
+    from core.rollout.node_shards import NodeShards
+    from core.rollout.shards import shard_spec
+
+    sampler = shard_sampler(_setting(cfg, "sampler", None), SHARDS_PER_NODE)
+    with tempfile.TemporaryDirectory(prefix="tracerl-shard-spec-") as folder:
+        spec = shard_spec(gateway, sampler, Path(folder))
+        return await NodeShards.start_on_nodes(spec, runtime)
+
+
 async def _serve(cfg: DictConfig, gateway: Any, public_host: str) -> tuple[Any, GatewayShards | None]:
     """``gateway`` served in this process, or ``gateway.shards`` processes serving its like."""
     count = int(_setting(cfg.gateway, "shards", 1))
@@ -114,7 +156,7 @@ async def _serve(cfg: DictConfig, gateway: Any, public_host: str) -> tuple[Any, 
         return None, await GatewayShards.start(spec, count)
 
 
-def shard_sampler(node: Any, shards: int) -> dict[str, Any]:
+def shard_sampler(node: Any, shards: int | str) -> dict[str, Any]:
     """The sampler every shard calls: the ``sampler`` fleet's settings (``HttpSamplerConfig``
     fields); a ``ConfigError`` when the run samples with its backend, whose sampler lives in
     this process and no shard process can call."""

@@ -19,6 +19,7 @@ import logging
 import os
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +137,8 @@ class RayRuntime(RuntimeBase):
         self._room = asyncio.Condition()
         self.rollouts_per_node: Counter[str] = Counter()
         """Rollouts that came back from each node id (placement, for metrics and tests)."""
+        self._reserved: dict[str, _Slot] = {}
+        """Places taken by ``reserve`` for rollouts not yet run, by rollout id."""
 
     def _validate(self) -> None:
         c = self.config
@@ -169,7 +172,12 @@ class RayRuntime(RuntimeBase):
         for key in ("resources_per_agent", "label_selector", "runtime_env"):
             if key in values and not isinstance(values[key], dict):
                 values[key] = OmegaConf.to_container(values[key], resolve=True)
+        from core.gateway.config import SHARDS_PER_NODE
+
         host = advertised_gateway_host(cfg)
+        gateway = cfg.get("gateway") if hasattr(cfg, "get") else None
+        if gateway is not None and gateway.get("shards") == SHARDS_PER_NODE:
+            host = ""  # agents dial their own node's gateway shard (core.rollout.node_shards)
         return cls(agent, config=RayRuntimeConfig(**values), env=env, gateway_host=host)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -183,6 +191,11 @@ class RayRuntime(RuntimeBase):
     def actors(self) -> list[Any]:
         """The actor handles (for inspection and fault tests)."""
         return [s.handle for s in self._slots]
+
+    @property
+    def node_ids(self) -> list[str]:
+        """The Ray node ids the actors run on (each once, in actor order)."""
+        return list(dict.fromkeys(s.node_id for s in self._slots if s.node_id))
 
     def _connect(self) -> Any:
         ray = _import_ray()
@@ -327,25 +340,27 @@ class RayRuntime(RuntimeBase):
                 except Exception as exc:  # already gone: nothing to leave behind
                     logger.debug("ray.kill(%s): %r", slot.name, exc)
         self._slots = []
+        self._reserved.clear()
         if ray is not None and self._own_connection:
             ray.shutdown()
             self._own_connection = False
 
     # -- rollouts ---------------------------------------------------------------------
 
-    def _pick(self) -> _Slot | None:
+    def _pick(self, where: Callable[[str], bool] | None = None) -> _Slot | None:
         """The least busy actor with room (under ``agents_per_actor`` in flight), among the
-        healthy ones while any is healthy; None while each is full."""
-        live = [s for s in self._slots if not s.dead]
+        healthy ones while any is healthy, on a node ``where`` accepts; None while each is full."""
+        live = [s for s in self._slots if not s.dead and (where is None or where(s.node_id))]
         pool = [s for s in live if s.healthy] or live
         free = [s for s in pool if s.in_flight < self.config.agents_per_actor]
         return min(free, key=lambda s: s.in_flight) if free else None
 
-    async def _acquire(self) -> _Slot | None:
-        """Wait for an actor with room and take one of its places; None when all are dead."""
+    async def _acquire(self, where: Callable[[str], bool] | None = None) -> _Slot | None:
+        """Wait for an actor with room (on a node ``where`` accepts) and take one of its places;
+        None when all such actors are dead."""
         async with self._room:
-            while any(not s.dead for s in self._slots):
-                slot = self._pick()
+            while any(not s.dead and (where is None or where(s.node_id)) for s in self._slots):
+                slot = self._pick(where)
                 if slot is not None:
                     slot.in_flight += 1
                     return slot
@@ -365,10 +380,38 @@ class RayRuntime(RuntimeBase):
         async with self._room:
             self._room.notify_all()
 
+    # -- placement before the run (gateway.shards=per_node) -------------------------------
+
+    async def reserve(self, rollout_id: str, where: Callable[[str], bool]) -> str | None:
+        """Take a place for ``rollout_id`` on the least busy actor whose node ``where`` accepts
+        (waiting for room), so that its gateway session can be opened on that node first.
+
+        Its ``run_rollout`` then runs on that actor; a rollout that will not run must be
+        ``unreserve``d. Returns the actor's node id; None when no live actor's node is accepted
+        or the runtime is not running.
+        """
+        if not self._started or self._closed:
+            return None
+        slot = await self._acquire(where)
+        if slot is None:
+            return None
+        self._reserved[rollout_id] = slot
+        return slot.node_id
+
+    async def unreserve(self, rollout_id: str) -> None:
+        """Give back the place ``reserve`` took for a rollout that will not run; idempotent."""
+        slot = self._reserved.pop(rollout_id, None)
+        if slot is not None:
+            await self._release(slot)
+
+    async def placement_changed(self) -> None:
+        """Let rollouts waiting in ``reserve`` look again (a node's ``where`` answer changed)."""
+        await self._health_changed()
+
     async def _run(self, request: RolloutRequest, clock: RolloutClock) -> RolloutResult:
         """One rollout on the least busy actor with room; never raises for agent, actor or node faults."""
         rid = request.rollout_id
-        slot = await self._acquire()
+        slot = self._reserved.pop(rid, None) or await self._acquire()
         clock.restart()  # queueing for a slot is not the rollout's time
         if slot is None:
             return failed(

@@ -10,6 +10,7 @@ in for the Ray cluster at the actor-call edge; the cluster itself is tested unde
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -208,5 +209,49 @@ def test_probing_stops_at_aclose(monkeypatch: pytest.MonkeyPatch) -> None:
         await rt._shutdown()
         await asyncio.sleep(0.05)
         assert not rt._background
+
+    asyncio.run(main())
+
+
+def test_a_reserved_place_is_where_the_rollout_runs_and_only_on_accepted_nodes() -> None:
+    """``reserve`` (``gateway.shards=per_node`` opens the session on the node first) takes a
+    place on an accepted node only, waits for room there, and the rollout then runs on that
+    actor; ``unreserve`` gives a place back; with no accepted node left it answers None."""
+
+    async def main() -> None:
+        release = asyncio.Event()
+        a, b = FakeActor("a", release), FakeActor("b", release)
+        rt = _runtime([a, b], agents_per_actor=2)
+        accepted = {"node-of-b"}
+
+        def where(node: str) -> bool:
+            return node in accepted
+
+        assert await rt.reserve("r1", where) == "node-of-b"
+        assert await rt.reserve("r2", where) == "node-of-b"
+        third = asyncio.create_task(rt.reserve("r3", where))
+        await asyncio.sleep(0.05)
+        assert not third.done(), "b is full and a's node is not accepted: it waits"
+        await rt.unreserve("r2")  # r2 will not run: its place goes to the waiting one
+        assert await asyncio.wait_for(third, 5) == "node-of-b"
+        await rt.unreserve("r2")  # idempotent
+        tasks = [asyncio.create_task(rt.run_rollout(conformance_request({}))) for _ in range(2)]
+        runs = [
+            asyncio.create_task(rt.run_rollout(dataclasses.replace(conformance_request({}), rollout_id=rid)))
+            for rid in ("r1", "r3")
+        ]
+        await asyncio.sleep(0.05)
+        assert (a.running, b.running) == (2, 2), "r1 and r3 on b, the unreserved rollouts on a"
+        release.set()
+        assert all(r.status is RolloutStatus.OK for r in await asyncio.gather(*tasks, *runs))
+        assert all(s.in_flight == 0 for s in rt._slots)
+
+        assert [await rt.reserve(r, where) for r in ("r4", "r5")] == ["node-of-b"] * 2
+        waiting = asyncio.create_task(rt.reserve("r6", where))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        accepted.clear()  # b's shard died: the waiting rollout has nowhere to go
+        await rt.placement_changed()
+        assert await asyncio.wait_for(waiting, 5) is None
 
     asyncio.run(main())

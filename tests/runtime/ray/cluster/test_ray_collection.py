@@ -36,5 +36,8 @@ def test_the_main_suite_collects_the_ray_folder_without_importing_ray() -> None:
 def test_marker_ray_collects_the_cluster_tests() -> None:
     out = _collect("-m", "ray", "tests/runtime/ray/cluster")
     assert "ray imported: True exit: 0" in out, out
-    for module in ("test_ray_runtime.py", "test_ray_node_loss.py", "test_ray_private.py", "test_ray_collection.py"):
+    for module in (
+        "test_ray_runtime.py", "test_ray_node_loss.py", "test_ray_private.py", "test_ray_collection.py",
+        "test_ray_node_shards.py",
+    ):
         assert f"tests/runtime/ray/cluster/{module}::" in out, (module, out)

@@ -1,0 +1,305 @@
+"""One gateway shard on each Ray node, next to the agents that call it (``gateway.shards=per_node``).
+
+With ``runtime=ray`` the agents run in actors spread over the cluster's nodes. Rather
+than every agent calling gateway processes on the trainer's machine, each node that
+hosts agent actors gets its own gateway shard, and each rollout's session is opened on
+the shard of the node its agent runs on: the agent's base URL names its node's shard,
+and its model calls never leave the node. Defines:
+
+- ``ShardHost``: the Ray actor (a plain class; ``ray.remote`` wraps it) that runs one
+  ``python -m core.gateway shard`` process on its node, exactly the process
+  ``gateway.shards=N`` runs on the trainer's machine; Ray pins it to the node
+  (``NodeAffinitySchedulingStrategy``). The trainer's tokenizer travels with it.
+- ``NodeShards``: the trainer side, a ``GatewayShards`` whose shards live on Ray nodes.
+  It asks the ray runtime for each rollout's place first (``RayRuntime.reserve``: the
+  least busy agent actor on a node whose shard is alive), opens the session on that
+  node's shard, and the runtime then runs the rollout on that actor. Harvest, stats and
+  weight versions are ``GatewayShards``' own, over HTTP to each shard. A shard whose
+  process exits, or whose actor or node is lost, fails only that node's rollouts
+  (``ShardLost`` naming the shard, its node and why); new rollouts go to the nodes whose
+  shard is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.errors import ConfigError, RuntimeStartError
+from core.rollout.sessions import ShardLost
+from core.rollout.shards import (
+    START_TIMEOUT_S,
+    GatewayShards,
+    ShardSpec,
+    _await_listening,
+    _child_env,
+    _Shard,
+    _stop,
+)
+from core.types import SamplingParams
+
+if TYPE_CHECKING:
+    from core.runtime.ray.runtime import RayRuntime
+
+__all__ = ["SHARD_ACTOR_PREFIX", "NodeShards", "ShardHost"]
+
+logger = logging.getLogger("core.rollout.node_shards")
+
+SHARD_ACTOR_PREFIX = "tracerl-shard-"
+"""Names of the shard actors start with this (then the runtime's id and the shard index)."""
+
+
+class ShardHost:
+    """One Ray actor: the gateway shard process of its node.
+
+    Args:
+        index: The shard's index (its name in messages).
+        spec: ``ShardSpec`` fields as the trainer wrote them.
+        tokenizer_files: The trainer's saved tokenizer, file name -> bytes (the trainer's
+            disk is not this node's).
+    """
+
+    def __init__(self, index: int, spec: dict[str, Any], tokenizer_files: dict[str, bytes]) -> None:
+        self._index = index
+        self._spec = spec
+        self._files = tokenizer_files
+        self._shard: _Shard | None = None
+        self._folder = ""
+
+    async def start(self, timeout_s: float) -> dict[str, Any]:
+        """Start the shard process, bound to this node's IP, and say where it listens.
+
+        Raises:
+            RuntimeStartError: it exited or did not listen within ``timeout_s``.
+        """
+        import ray
+
+        self._folder = tempfile.mkdtemp(prefix="tracerl-node-shard-")
+        tok_dir = Path(self._folder) / "tokenizer"
+        tok_dir.mkdir()
+        for name, data in self._files.items():
+            (tok_dir / Path(name).name).write_bytes(data)
+        node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        spec = {
+            **self._spec,
+            "tokenizer_dir": str(tok_dir),
+            "gateway": {**self._spec["gateway"], "host": node_ip},
+            "public_host": "",
+        }
+        path = Path(self._folder) / "spec.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        path.chmod(0o600)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "core.gateway", "shard", str(path), "--port", "0",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None, env=_child_env(),
+        )
+        self._shard = _Shard(index=self._index, proc=proc)
+        await _await_listening(self._shard, timeout_s)
+        return {
+            "root_url": self._shard.root_url,
+            "pid": proc.pid,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    async def wait_exit(self) -> int:
+        """Return the shard process's exit code once it exits."""
+        assert self._shard is not None
+        return int(await self._shard.proc.wait())
+
+    async def stop(self) -> None:
+        """Stop the shard process (stdin closed, then SIGTERM, then SIGKILL) and drop its files."""
+        if self._shard is not None:
+            await _stop(self._shard)
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+@dataclass
+class _NodeShard:
+    """A shard on a Ray node as the trainer tracks it (a ``core.rollout.shards.Shard``)."""
+
+    index: int
+    handle: Any
+    node_id: str
+    root_url: str = ""
+    pid: int = 0
+    exit_code: int | None = None
+    """The shard process's exit code once it exited."""
+    lost: str = ""
+    """Why its actor is gone (the actor or its node was lost), once it is."""
+
+    @property
+    def base_url(self) -> str:
+        return self.root_url + "/v1"
+
+    @property
+    def alive(self) -> bool:
+        return self.exit_code is None and not self.lost
+
+    def name(self) -> str:
+        return f"gateway shard {self.index} on Ray node {self.node_id[:12]} ({self.root_url}, pid {self.pid})"
+
+    def gone(self, what: str) -> ShardLost:
+        if self.exit_code is not None:
+            what = f"its process exited with code {self.exit_code}"
+        elif self.lost:
+            what = self.lost
+        return ShardLost(f"{self.name()}: {what}")
+
+
+class NodeShards(GatewayShards):
+    """A gateway shard on each node of the ray runtime's agent actors; a ``SessionHost``.
+
+    Use ``NodeShards.start_on_nodes``.
+    """
+
+    def __init__(self, shards: list[_NodeShard], admin_token: str, runtime: RayRuntime) -> None:
+        super().__init__(shards, admin_token, "")
+        self.runtime = runtime
+        self.node_shards = shards
+        self._by_node = {s.node_id: s for s in shards}
+        self._watchers: list[asyncio.Task[None]] = []
+        self.sessions_per_node: Counter[str] = Counter()
+        """Sessions opened on each node's shard (by Ray node id)."""
+
+    @classmethod
+    async def start_on_nodes(
+        cls, spec: ShardSpec, runtime: RayRuntime, *, timeout_s: float = START_TIMEOUT_S
+    ) -> NodeShards:
+        """Start one shard on each node that hosts ``runtime``'s agent actors (started already).
+
+        Raises:
+            RuntimeStartError: a shard did not come up (its error, or its node, is named).
+        """
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = runtime.node_ids
+        if not nodes:
+            raise RuntimeStartError("gateway.shards=per_node: the ray runtime has no agent actor placed on a node yet")
+        files = {p.name: p.read_bytes() for p in sorted(Path(spec.tokenizer_dir).iterdir()) if p.is_file()}
+        plain = dataclasses.asdict(spec)
+        remote = ray.remote(ShardHost)
+        handles: list[Any] = []
+        for i, node in enumerate(nodes):
+            options: dict[str, Any] = {
+                "name": f"{SHARD_ACTOR_PREFIX}{runtime.run_id}-{i}",
+                "namespace": runtime.config.namespace,
+                "num_cpus": 0,  # the shard's CPU is the agents' (per node: docs/scale.md)
+                "max_restarts": 0,  # a lost shard's sessions are gone; its node's rollouts fail
+                "max_task_retries": 0,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            }
+            if runtime.config.runtime_env:
+                options["runtime_env"] = dict(runtime.config.runtime_env)
+            handles.append(remote.options(**options).remote(i, plain, files))
+        try:
+            async with asyncio.timeout(timeout_s + 30):
+                infos = await asyncio.gather(*(_awaitable(h.start.remote(timeout_s)) for h in handles))
+        except BaseException as exc:
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(h, no_restart=True)
+            if isinstance(exc, TimeoutError | ray.exceptions.RayError):
+                raise RuntimeStartError(
+                    f"gateway.shards=per_node: a gateway shard on a Ray node did not start: {_cause(exc)}"
+                ) from None
+            raise
+        shards = [
+            _NodeShard(i, h, node, root_url=str(info["root_url"]), pid=int(info["pid"]))
+            for i, (h, node, info) in enumerate(zip(handles, nodes, infos, strict=True))
+        ]
+        self = cls(shards, str(spec.gateway["admin_token"]), runtime)
+        for shard in shards:
+            self._watchers.append(asyncio.create_task(self._watch(shard), name=f"watch-shard-{shard.index}"))
+        return self
+
+    def shard_on(self, node_id: str) -> _NodeShard:
+        """The shard of Ray node ``node_id``."""
+        return self._by_node[node_id]
+
+    def _hosts(self, node_id: str) -> bool:
+        """True when ``node_id`` has a live shard (the runtime places rollouts only there)."""
+        shard = self._by_node.get(node_id)
+        return shard is not None and shard.alive
+
+    async def open(self, sampling: SamplingParams, metadata: dict[str, Any]) -> tuple[str, str]:
+        """Take the rollout's place on an agent actor first, then open its session on that
+        actor's node's shard; its id and base URL.
+
+        Raises:
+            ShardLost: no agent actor is left on a node whose shard is alive, or the chosen
+                node's shard died meanwhile.
+        """
+        rollout_id = str(metadata.get("rollout_id") or "")
+        if not rollout_id:
+            raise ConfigError("gateway.shards=per_node opens a session per rollout: metadata needs its rollout_id")
+        node = await self.runtime.reserve(rollout_id, self._hosts)
+        if node is None:
+            dead = "; ".join(str(s.gone("")) for s in self.node_shards if not s.alive)
+            raise ShardLost(
+                "no agent actor of the ray runtime runs on a node whose gateway shard is alive"
+                + (f" ({dead})" if dead else "")
+            )
+        try:
+            sid, base_url = await self._open_on(self._by_node[node], sampling, metadata)
+        except BaseException:
+            await self.runtime.unreserve(rollout_id)
+            raise
+        self.sessions_per_node[node] += 1
+        return sid, base_url
+
+    async def _watch(self, shard: _NodeShard) -> None:
+        """Learn when ``shard``'s process exits or its actor (or node) is lost."""
+        try:
+            shard.exit_code = int(await _awaitable(shard.handle.wait_exit.remote()))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # RayActorError: the actor, its worker or its node died
+            shard.lost = f"its Ray actor or node was lost ({_cause(exc)})"
+        logger.warning("%s; its node's rollouts fail, new ones go to other nodes", shard.gone(""))
+        await self.runtime.placement_changed()
+
+    async def aclose(self) -> None:
+        """Stop every shard and its actor; idempotent."""
+        for task in self._watchers:
+            task.cancel()
+        self._watchers = []
+        await self._http.aclose()
+        import ray
+
+        if not ray.is_initialized():
+            return  # the runtime left Ray: the actors went with this driver, their shards with them
+        stops = [asyncio.ensure_future(_awaitable(s.handle.stop.remote())) for s in self.node_shards if s.alive]
+        if stops:
+            await asyncio.wait(stops, timeout=15.0)
+        for fut in stops:
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: a lost actor cannot stop, it is killed below
+        for shard in self.node_shards:
+            with contextlib.suppress(Exception):
+                ray.kill(shard.handle, no_restart=True)
+
+
+async def _awaitable(ref: Any) -> Any:
+    """Await a Ray ``ObjectRef`` (a coroutine, so that it can be gathered)."""
+    return await ref
+
+
+def _cause(exc: BaseException) -> str:
+    """An error's first and last lines (Ray's tracebacks run to pages; the cause is last)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    short = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(exc).__name__}: {short[:600]}"
