@@ -196,9 +196,9 @@ def test_a_sync_run_sleeps_the_fleet_before_each_step_and_wakes_it_before_the_pu
     standin, url = make_standin(name="v", upstream=server.url, events=events)
     train = Trainer._train
 
-    async def recorded(self: Trainer, datums: Any, backend: Any) -> dict[str, float]:
+    async def recorded(self: Trainer, datums: Any, *rest: Any) -> dict[str, float]:
         events.append("train")
-        return await train(self, datums, backend)
+        return await train(self, datums, *rest)
 
     monkeypatch.setattr(Trainer, "_train", recorded)
     cfg, plugins = _compose(

@@ -93,11 +93,11 @@ def test_long_tail_does_not_stall_steps_and_stale_groups_still_train(
     original = Trainer._train
     calls = {"n": 0}
 
-    async def train_then_release(self: Trainer, datums: Any, backend: Any) -> dict[str, float]:
+    async def train_then_release(self: Trainer, datums: Any, *rest: Any) -> dict[str, float]:
         calls["n"] += 1
         if calls["n"] == 5:
             release.touch()
-        return await original(self, datums, backend)
+        return await original(self, datums, *rest)
 
     monkeypatch.setattr(Trainer, "_train", train_then_release)
     cfg, plugins = _cfg(
@@ -148,14 +148,14 @@ def test_killed_async_run_resumes_with_the_same_data_order(
     original = Trainer._train
     calls = {"n": 0}
 
-    async def dies_in_step_3(self: Trainer, datums: Any, backend: Any) -> dict[str, float]:
+    async def dies_in_step_3(self: Trainer, datums: Any, *rest: Any) -> dict[str, float]:
         # Training takes a while, as on a real backend (the fake one never yields), so
         # the next groups start while it runs.
         await asyncio.sleep(0.1)
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("killed in step 3")
-        return await original(self, datums, backend)
+        return await original(self, datums, *rest)
 
     monkeypatch.setattr(Trainer, "_train", dies_in_step_3)
     cfg, plugins = _cfg(tmp_path, *common, "trainer.max_steps=5", agent="loop_agents:long_tail")
