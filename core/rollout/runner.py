@@ -161,7 +161,8 @@ class RolloutRunner:
                 metrics=result.metrics,
                 error=(
                     f"the agent left its reward pending and none was posted within reward.timeout_s="
-                    f"{self.reward_timeout_s:g} (POST /admin/rollouts/{result.rollout_id}/reward)"
+                    f"{self.reward_timeout_s:g} (POST /admin/rollouts/{result.rollout_id}/reward, or "
+                    "LateRewards.post in the trainer's process with gateway.shards)"
                 ),
                 elapsed_s=result.elapsed_s,
             )

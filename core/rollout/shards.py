@@ -40,10 +40,11 @@ from typing import Any, Protocol
 from core.errors import ConfigError, RuntimeStartError
 from core.gateway.config import GatewayConfig
 from core.gateway.harvest import Harvest, harvest_from_json
+from core.gateway.late_rewards import LateRewards
 from core.rollout.sessions import ShardLost
 from core.types import SamplingParams
 
-__all__ = ["GatewayShards", "Shard", "ShardSpec", "build_shard_gateway", "read_spec", "shard_spec"]
+__all__ = ["GatewayShards", "Shard", "ShardLateRewards", "ShardSpec", "build_shard_gateway", "read_spec", "shard_spec"]
 
 START_TIMEOUT_S = 120.0
 """How long a shard process may take to print where it listens."""
@@ -137,7 +138,7 @@ def build_shard_gateway(spec: ShardSpec) -> Any:
         names=tuple(spec.policies.get("names") or ()) or PolicyRoutes().names,
         models=dict(spec.policies.get("models") or {}),
     )
-    return Gateway(
+    gateway = Gateway(
         tokenizer=tokenizer,
         sampler=_sampler(spec.sampler, tokenizer),
         config=GatewayConfig(**{**spec.gateway, "shards": 1}),
@@ -145,6 +146,24 @@ def build_shard_gateway(spec: ShardSpec) -> Any:
         generation_config={"eos_token_id": list(spec.end_of_turn_ids)},
         policies=policies,
     )
+    gateway.late_rewards = ShardLateRewards()
+    return gateway
+
+
+class ShardLateRewards(LateRewards):
+    """A shard's late-reward book: refuses every post, saying where the reward must go.
+
+    The rollouts wait for their late rewards in the trainer's book (``GatewayShards.late_rewards``),
+    which no shard can reach; a reward posted to a shard would be lost without a word.
+    """
+
+    def post(self, rollout_id: str, reward: float) -> None:
+        raise ConfigError(
+            f"this gateway is a shard (gateway.shards): a reward posted here for rollout {rollout_id!r} "
+            "would never reach the trainer, where rollouts wait for their late rewards. Post it in the "
+            "trainer's process (LateRewards.post on the trainer's gateway.late_rewards), or run with "
+            "gateway.shards=1 to post over HTTP (POST /admin/rollouts/{id}/reward; docs/scale.md)"
+        )
 
 
 def _sampler(conf: dict[str, Any], tokenizer: Any) -> Any:
@@ -210,8 +229,9 @@ class GatewayShards:
     """N gateway processes on this machine; a ``SessionHost`` for ``RolloutRunner``."""
 
     late_rewards: Any = None
-    """Shards keep no late-reward book the runner can wait on: ``reward_pending`` rollouts
-    stay so (docs/scale.md)."""
+    """The trainer's late-reward book the runner waits on (``start_rollout_stack`` sets its
+    in-process gateway's); rewards are posted there in the trainer's process, a shard refuses
+    them (``ShardLateRewards``). None: ``reward_pending`` rollouts stay so."""
 
     def __init__(self, shards: Sequence[Shard], admin_token: str, folder: str) -> None:
         """Use ``GatewayShards.start``."""

@@ -133,7 +133,9 @@ async def _serve_per_node(cfg: DictConfig, gateway: Any, runtime: Any) -> Gatewa
     sampler = shard_sampler(_setting(cfg, "sampler", None), SHARDS_PER_NODE)
     with tempfile.TemporaryDirectory(prefix="tracerl-shard-spec-") as folder:
         spec = shard_spec(gateway, sampler, Path(folder))
-        return await NodeShards.start_on_nodes(spec, runtime)
+        shards = await NodeShards.start_on_nodes(spec, runtime)
+    shards.late_rewards = getattr(gateway, "late_rewards", None)  # the trainer's book
+    return shards
 
 
 async def _serve(cfg: DictConfig, gateway: Any, public_host: str) -> tuple[Any, GatewayShards | None]:
@@ -153,7 +155,11 @@ async def _serve(cfg: DictConfig, gateway: Any, public_host: str) -> tuple[Any, 
     sampler = shard_sampler(_setting(cfg, "sampler", None), count)
     with tempfile.TemporaryDirectory(prefix="tracerl-shard-spec-") as folder:
         spec = shard_spec(gateway, sampler, Path(folder), public_host=public_host)
-        return None, await GatewayShards.start(spec, count)
+        shards = await GatewayShards.start(spec, count)
+    # Rollouts wait for late rewards in the trainer's book, posted in this process (a shard
+    # refuses posts: core.rollout.shards.ShardLateRewards).
+    shards.late_rewards = getattr(gateway, "late_rewards", None)
+    return None, shards
 
 
 def shard_sampler(node: Any, shards: int | str) -> dict[str, Any]:
