@@ -104,7 +104,12 @@ class ShardHost:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None, env=_child_env(),
         )
         self._shard = _Shard(index=self._index, proc=proc)
-        await _await_listening(self._shard, timeout_s)
+        try:
+            await _await_listening(self._shard, timeout_s)
+        finally:
+            # A listening shard has read its spec and tokenizer: nothing is left behind on
+            # the node however this actor ends, and the admin token is on disk no longer.
+            shutil.rmtree(self._folder, ignore_errors=True)
         return {
             "root_url": self._shard.root_url,
             "pid": proc.pid,
@@ -117,11 +122,9 @@ class ShardHost:
         return int(await self._shard.proc.wait())
 
     async def stop(self) -> None:
-        """Stop the shard process (stdin closed, then SIGTERM, then SIGKILL) and drop its files."""
+        """Stop the shard process (stdin closed, then SIGTERM, then SIGKILL)."""
         if self._shard is not None:
             await _stop(self._shard)
-        if self._folder:
-            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 @dataclass
@@ -280,7 +283,7 @@ class NodeShards(GatewayShards):
 
         if not ray.is_initialized():
             return  # the runtime left Ray: the actors went with this driver, their shards with them
-        stops = [asyncio.ensure_future(_awaitable(s.handle.stop.remote())) for s in self.node_shards if s.alive]
+        stops = [asyncio.ensure_future(_awaitable(s.handle.stop.remote())) for s in self.node_shards if not s.lost]
         if stops:
             await asyncio.wait(stops, timeout=15.0)
         for fut in stops:

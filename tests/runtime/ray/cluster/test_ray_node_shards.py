@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ def test_each_nodes_agents_call_their_nodes_shard_and_the_rows_are_one_gateways(
     nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(nodes) == 2
     payloads = _payloads(8)
+    folders_before = set(Path(tempfile.gettempdir()).glob("tracerl-node-shard-*"))
 
     async def sharded() -> tuple[list[RolloutOutcome], dict[int, str], dict[str, int], dict[str, str], RayRuntime]:
         rt = _runtime(ray_cluster, gateway_host="")
@@ -141,6 +143,8 @@ def test_each_nodes_agents_call_their_nodes_shard_and_the_rows_are_one_gateways(
     assert agent_actor_states(f"{SHARD_ACTOR_PREFIX}{rt.run_id}") and set(
         agent_actor_states(f"{SHARD_ACTOR_PREFIX}{rt.run_id}").values()
     ) == {"DEAD"}
+    # The shards' copies of the spec (with the admin token) and tokenizer are gone.
+    assert set(Path(tempfile.gettempdir()).glob("tracerl-node-shard-*")) <= folders_before
 
     single = _by_question(asyncio.run(one_gateway()))
     for n, o in _by_question(outcomes).items():
@@ -215,3 +219,48 @@ def test_a_dead_node_shard_fails_only_its_nodes_rollouts(
             await rt.aclose()
 
     asyncio.run(go())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_training_run_with_a_gateway_shard_per_node(ray_cluster: Cluster, tmp_path: Path) -> None:
+    """``python -m core.train runtime=ray gateway.shards=per_node`` on the two-node cluster,
+    with ``python -m tracerl_local.serve`` as the fleet: every rollout of both steps lands
+    and trains, and each step's turns come from the weights the step before pushed (the
+    version reaches the node shards)."""
+    import json
+    import subprocess
+    import sys
+
+    from core.rundir.metrics import read_metrics
+    from core.rundir.traces import read_traces, rows_of
+
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tracerl_local.serve", "--port", "0", "--task", "succ_digit"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert serve.stdout is not None
+        url = json.loads(serve.stdout.readline())["url"]
+        run_dir = tmp_path / "run"
+        proc = subprocess.run(
+            [sys.executable, "-m", "core.train", f"run_dir={run_dir}", "trainer.progress=false",
+             "trainer.loggers=[jsonl]", "trainer.max_steps=2", "trainer.batch_size=2", "trainer.group_size=4",
+             "trainer.eval_size=0", "sampler=sglang", f"sampler.urls=[{url}]", "runtime=ray",
+             f"runtime.address={ray_cluster.address}", "runtime.num_actors=2", "runtime.agents_per_actor=4",
+             "runtime.num_cpus_per_agent=0.1", "runtime.startup_timeout_s=180", "gateway.shards=per_node"],
+            capture_output=True, text=True, timeout=800,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    finally:
+        serve.terminate()
+        serve.wait(30)
+        if serve.stdout is not None:
+            serve.stdout.close()
+    steps = {int(r["step"]): r for r in read_metrics(run_dir / "metrics.jsonl") if "rollouts/total" in r}
+    for step in (1, 2):
+        assert steps[step]["rollouts/total"] == 8 and steps[step]["rollouts/failed"] == 0
+        stored = read_traces(run_dir / "traces" / f"train_{step:06d}.jsonl.gz")
+        rows = [row for r in stored.rollouts for row in rows_of(r)]
+        assert len(rows) == 8 and all(row.num_generated > 0 for row in rows)
+        assert {t.weight_version for row in rows for t in row.turns} == {step - 1}
