@@ -88,7 +88,7 @@ def _run(cfg: DictConfig, plugins: Plugins, given: list[str]) -> int:
 
     spec = plugins.backend(str(cfg.backend.name))
     check_policy_support([str(name) for name in cfg.get("policies") or {}], spec)  # before anything starts
-    check_policy_settings(read_policies(cfg.get("policies")), spec)
+    check_policy_settings(cfg, read_policies(cfg.get("policies")), spec)
     if spec.kind == "driving":
         check_driving_settings(cfg, str(spec.name))
         backend = spec.factory(cfg)

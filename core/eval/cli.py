@@ -27,6 +27,7 @@ from core.errors import ConfigError
 from core.eval.results import summarize, write_rows
 from core.eval.run import EndpointRunner, run_eval
 from core.http import check_key_endpoint
+from core.plugins.policy_backend import policy_backend_config
 from core.types import SamplingParams
 
 __all__ = [
@@ -223,8 +224,9 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any], out: Path)
             "one entry in policies (docs/multi_agent.md)"
         )
     backends: dict[str, Any] = {}
-    for name in routes.names:  # a backend per policy, as the training loop builds them
-        backends[name] = spec.factory(cfg)
+    for name in routes.names:  # a backend per policy, as the training loop builds them (its own backend settings)
+        own = ((cfg.get("policies") or {}).get(name) or {}).get("backend")
+        backends[name] = spec.factory(policy_backend_config(cfg, name, own, spec))
         closers.append(backends[name].aclose)
     backend = backends[routes.default]
     if ev.checkpoint:

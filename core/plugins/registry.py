@@ -46,6 +46,14 @@ class BackendSpec:
     multi_policy: bool = False
     """The backend trains several policies in one run (``policies`` with more than one
     entry, docs/multi_agent.md); without it such a run is refused at start-up."""
+    policy_settings: tuple[str, ...] = ()
+    """Settings of the backend's config node (dotted keys, e.g. ``lora.rank``) a policy may set
+    for itself under ``policies.<name>.backend``; any other key is refused at start-up, naming
+    it. Empty: every policy trains the run's ``backend`` settings."""
+    check_policy: Callable[[Any, list[str]], None] | None = None
+    """Called at start-up with a policy's backend node (the run's with the policy's settings
+    over it) and the dotted keys the policy set; raises ``ValueError`` (``ConfigError``) for
+    a combination the backend cannot honour (a LoRA rank with LoRA off)."""
 
 
 @dataclass(frozen=True)

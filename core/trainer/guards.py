@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError, RunAborted
+from core.plugins.policy_backend import policy_backend_config
 from core.rollout import RolloutOutcome
 from core.rundir.checkpoint import existing_checkpoints
 from core.trainer.policy_config import PolicyConfig
@@ -38,10 +39,13 @@ def check_policy_support(policies: Sequence[str], spec: BackendSpec) -> None:
         )
 
 
-def check_policy_settings(policies: Mapping[str, PolicyConfig], spec: BackendSpec) -> None:
-    """Refuse a policy's own ``algorithm`` settings (learning rate, loss, sampling) on a backend
-    that runs its own trainer (verl, slime): it reads ``algorithm`` only, so they would be
-    silently ignored."""
+def check_policy_settings(cfg: Any, policies: Mapping[str, PolicyConfig], spec: BackendSpec) -> None:
+    """Refuse, before anything starts, a policy's own settings its backend would not apply:
+    ``backend`` keys the backend does not let a policy set, or cannot honour
+    (``policy_backend_config``), and ``algorithm`` settings (learning rate, loss, sampling) on a
+    backend that runs its own trainer (verl, slime), which reads ``algorithm`` only."""
+    for name, policy in policies.items():
+        policy_backend_config(cfg, name, policy.backend, spec, algorithm=policy.algorithm_settings())
     if spec.kind == "driven":
         return
     for name, policy in policies.items():

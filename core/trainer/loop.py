@@ -78,6 +78,7 @@ from core.trainer.overrides import mask_override_turns
 from core.trainer.parse_watch import ParseWatch
 from core.trainer.policies import (
     PolicyBackends,
+    build_policy_backend,
     check_policy_modes,
     loss_samplings,
     policy_metrics,
@@ -157,8 +158,8 @@ class Trainer:
         check_policy_modes(list(self.cfg.policies), sampler=self.cfg.sampler.kind)
         routes = policy_routes(self.cfg.policies)
         backends: dict[str, Any] = {}
-        for name in routes.names:  # a backend per policy (one: today's run)
-            backends[name] = spec.factory(self.composed)
+        for name in routes.names:  # a backend per policy (one: today's run), with its own backend settings
+            backends[name] = build_policy_backend(spec, self.composed, name, self.cfg.policies.get(name))
             self._closers.append(backends[name].aclose)
         self.policies = PolicyBackends(backends)
         self.backend = self.policies.default

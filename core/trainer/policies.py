@@ -3,6 +3,7 @@
 
 Defines:
 
+- ``build_policy_backend``: a policy's backend, built with its own settings;
 - ``PolicyBackends``: the run's policies by name, each with its own backend (weights,
   optimizer state, sampler and weight version; the loop builds one with the backend's
   factory per policy, so each starts from the same weights), saved and restored together;
@@ -28,15 +29,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
+from core.plugins.policy_backend import policy_backend_config
 from core.trainer.overrides import LossSampling, loss_sampling
 from core.trainer.pool import token_staleness, trains
 from core.types import PolicySampling, SamplingParams
 
 if TYPE_CHECKING:
+    from core.plugins import BackendSpec
     from core.rollout import RolloutOutcome
+    from core.trainer.policy_config import PolicyConfig
     from core.trainer.signal import StepSignal
 
-__all__ = ["PolicyBackends", "check_policy_modes", "loss_samplings", "policy_metrics", "session_sampling"]
+__all__ = [
+    "PolicyBackends",
+    "build_policy_backend",
+    "check_policy_modes",
+    "loss_samplings",
+    "policy_metrics",
+    "session_sampling",
+]
+
+
+def build_policy_backend(spec: BackendSpec, cfg: Any, name: str, policy: PolicyConfig | None) -> Any:
+    """Policy ``name``'s backend: ``spec.factory`` on the run's config with the policy's own
+    ``backend`` and ``algorithm`` settings in it (``policy_backend_config``).
+
+    Raises:
+        ConfigError: a setting the backend refuses, naming the policy when it set any.
+    """
+    own = policy.algorithm_settings() if policy is not None else {}
+    built = policy_backend_config(cfg, name, policy.backend if policy is not None else None, spec, algorithm=own)
+    try:
+        return spec.factory(built)
+    except ConfigError as exc:
+        if built is cfg:
+            raise
+        raise ConfigError(f"policies.{name} (with its own settings): {exc}") from None
 
 
 def _sampled_with(algo: Any, *, evaluation: bool) -> PolicySampling:

@@ -2,7 +2,7 @@
 
 Defines:
 
-- ``PolicyConfig``: a policy's settings, read with pydantic at the config's edge (an unknown
+- ``PolicyConfig``: a policy's settings (its ``algorithm`` ones and its ``backend`` ones), read with pydantic at the config's edge (an unknown
   key or a value of the wrong type is refused naming the policy and the key);
 - ``read_policies``: the composed ``policies`` node as ``PolicyConfig`` by name;
 - ``ALGORITHM_KEYS``: the ``algorithm`` settings a policy may set for itself;
@@ -82,6 +82,10 @@ class PolicyConfig(BaseModel):
     """Sampling temperature of this policy's turns in evaluations (``algorithm.eval_temperature``)."""
     max_tokens: int | None = Field(None, ge=1)
     """Most tokens this policy generates per turn (``algorithm.max_tokens``)."""
+    backend: dict[str, Any] = Field(default_factory=dict)
+    """This policy's own settings of the run's ``backend`` node (its LoRA rank, ...), merged
+    over it; the keys a backend takes are its ``BackendSpec.policy_settings``
+    (``core.plugins.policy_backend``)."""
 
     def algorithm_settings(self) -> dict[str, Any]:
         """The ``algorithm`` settings this policy sets (those it leaves out are the run's)."""

@@ -10,6 +10,7 @@ the datums are what a step would hand the update.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,8 @@ from core.trainer.policies import PolicyBackends
 from core.trainer.policy_config import PolicyConfig, policy_algorithm, read_policies
 from core.trainer.signal import StepSignal
 from core.types import Datum, PolicySampling
+
+HERE = Path(__file__).parent
 
 
 def test_a_policys_settings_override_the_runs_algorithm_and_the_rest_stays() -> None:
@@ -220,8 +223,40 @@ def test_a_backend_running_its_own_trainer_refuses_a_policys_own_settings() -> N
 
     plugins = load_plugins()
     slime, local = plugins.backend("slime"), plugins.backend("local")
+    cfg = compose_config([])
     mine = {"solo": PolicyConfig(models=["m"], learning_rate=0.01, temperature=0.5)}
-    check_policy_settings(mine, local)
-    check_policy_settings({"solo": PolicyConfig(models=["m"])}, slime)  # routing only: fine
+    check_policy_settings(cfg, mine, local)
+    check_policy_settings(cfg, {"solo": PolicyConfig(models=["m"])}, slime)  # routing only: fine
     with pytest.raises(ConfigError, match=r"policies\.solo sets \['learning_rate', 'temperature'\], but backend 'slime' runs its own trainer"):
-        check_policy_settings(mine, slime)
+        check_policy_settings(cfg, mine, slime)
+    with pytest.raises(ConfigError, match=r"policies\.solo\.backend\.lora_rank: backend 'slime' cannot set 'lora_rank' per policy; it takes none"):
+        check_policy_settings(cfg, {"solo": PolicyConfig(backend={"lora_rank": 8})}, slime)
+
+
+@pytest.mark.integration
+def test_a_resumed_run_goes_on_with_each_policys_own_settings(tmp_path: Path) -> None:
+    """Through ``python -m core.train``: the policies' settings are among the overrides the run
+    records, so ``trainer.resume=true`` alone trains step 2 with them again (up's learning rate and
+    temperature, down's the run's). Real local backend, gateway and agent processes."""
+    from core.rundir.metrics import read_metrics
+    from core.rundir.traces import read_traces, rows_of, trace_path
+    from core.train import main
+
+    run_dir = tmp_path / "run"
+    first = [
+        f"run_dir={run_dir}", "task=two_roles", "trainer.max_steps=1", "trainer.batch_size=2", "trainer.group_size=4",
+        "trainer.eval_every=0", "trainer.save_every=1", "trainer.canary=false", "trainer.progress=false",
+        "trainer.loggers=[jsonl]", "runtime.num_processes=1", "task.generator_kwargs.rows=20",
+        "algorithm.learning_rate=0.001", "algorithm.temperature=1.0",
+        "task.agent=loop_agents:two_roles_parity", f"+task.agent_env.PYTHONPATH={HERE}",
+        "+policies.up={learning_rate:0.002,temperature:0.5}", "+policies.down={}",
+    ]
+    assert main(first) == 0
+    assert main([f"run_dir={run_dir}", "trainer.resume=true", "trainer.max_steps=2"]) == 0
+    (step2,) = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step") == 2 and "reward/mean" in r]
+    assert (step2["policy/up/learning_rate"], step2["policy/down/learning_rate"]) == (0.002, 0.001)
+    sampled: dict[str, set[float]] = {}
+    for rollout in read_traces(trace_path(run_dir, "train", 2)).rollouts:
+        for row in rows_of(rollout):
+            sampled.setdefault(row.policy(), set()).update(p["temperature"] for p in row.metadata["turn_params"])
+    assert sampled == {"up": {0.5}, "down": {1.0}}

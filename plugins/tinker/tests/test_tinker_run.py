@@ -269,3 +269,64 @@ def test_two_policies_in_async_mode_age_each_turn_against_its_own_policy(
     # A weight push per policy and step, each to its own sampling client, while rollouts ran.
     pushes = {name: [c.steps for c in mine] for name, mine in clients.items()}
     assert pushes == {"up": [0, 1, 2, 3], "down": [0, 1, 2, 3]}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_each_policy_trains_with_its_own_rank_learning_rate_loss_and_max_tokens(
+    tmp_path: Path, service: FakeServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``policies.<name>`` settings on Tinker: ``backend.lora_rank`` reaches that policy's
+    training client, its learning rate that client's Adam steps, its loss that client's
+    forward_backward, and its ``max_tokens`` that policy's sampling clients (docs/multi_agent.md)."""
+    from tinker_fakes import FakeSamplingClient, FakeTrainingClient
+
+    losses: list[tuple[Any, str]] = []
+    rates: list[tuple[Any, float]] = []
+    budgets: list[tuple[Any, int]] = []
+    forward_backward, optim_step, sample = (
+        FakeTrainingClient.forward_backward, FakeTrainingClient.optim_step, FakeSamplingClient.sample,
+    )
+
+    def spy_fb(self: Any, data: Any, loss_fn: str, loss_fn_config: Any = None) -> Any:
+        losses.append((self, loss_fn))
+        return forward_backward(self, data, loss_fn, loss_fn_config)
+
+    def spy_optim(self: Any, adam: Any) -> Any:
+        rates.append((self, adam.learning_rate))
+        return optim_step(self, adam)
+
+    def spy_sample(self: Any, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
+        budgets.append((self.trainer, sampling_params.max_tokens))
+        return sample(self, prompt, num_samples, sampling_params)
+
+    monkeypatch.setattr(FakeTrainingClient, "forward_backward", spy_fb)
+    monkeypatch.setattr(FakeTrainingClient, "optim_step", spy_optim)
+    monkeypatch.setattr(FakeSamplingClient, "sample", spy_sample)
+    run_dir = tmp_path / "run"
+    cfg, plugins = _cfg(
+        run_dir, "task=two_roles", "trainer.canary=false", "trainer.eval_every=0", "trainer.max_steps=1",
+        "backend.lora_rank=32", "algorithm.learning_rate=0.001", "algorithm.loss=ppo", "algorithm.max_tokens=8",
+        "+policies.up={backend:{lora_rank:8},learning_rate:0.002,max_tokens:3}",
+        "+policies.down={loss:cispo}",
+    )
+    trainer = Trainer(cfg, plugins)
+    assert asyncio.run(trainer.run()) == 0
+    assert [(c["kind"], c["rank"]) for c in service.log.creates] == [("lora", 8), ("lora", 32)]
+    up, down = trainer.policies["up"]._training, trainer.policies["down"]._training
+    assert sorted((id(c), fn) for c, fn in losses) == sorted([(id(up), "ppo"), (id(down), "cispo")])
+    assert sorted((id(c), lr) for c, lr in rates) == sorted([(id(up), 0.002), (id(down), 0.001)])
+    assert {(c is up, n) for c, n in budgets} == {(True, 3), (False, 8)}
+
+
+def test_a_policy_temperature_tinker_cannot_train_is_refused_at_start_up_naming_the_policy(
+    tmp_path: Path, service: FakeServiceClient
+) -> None:
+    """Tinker's forward_backward takes no temperature: a policy's own ``temperature`` with a ratio
+    loss is refused before any rollout, as the run's would be."""
+    from core.errors import ConfigError
+
+    cfg, plugins = _cfg(tmp_path / "run", "task=two_roles", "+policies.up={temperature:0.5}", "+policies.down={}")
+    with pytest.raises(ConfigError, match=r"policies\.up \(with its own settings\): backend 'tinker' cannot train loss 'ppo' at algorithm\.temperature=0\.5"):
+        asyncio.run(Trainer(cfg, plugins).run())
+    assert service.log.forward_backward == [] and service.log.samples == []

@@ -28,5 +28,7 @@ def tracerl_register_backends(registry: BackendRegistry) -> None:
             # training and sampling client, weight version and checkpoints named for the
             # policy (docs/backends/tinker.md, docs/multi_agent.md).
             multi_policy=True,
+            # A policy's own LoRA training client: its rank and where adapters go.
+            policy_settings=("lora_rank", "train_mlp", "train_attn", "train_unembed", "seed"),
         )
     )
