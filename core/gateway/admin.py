@@ -1,4 +1,5 @@
-"""Admin routes: create, inspect, finish, harvest and drop sessions, post late rewards (token required).
+"""Admin routes: create, inspect, finish, harvest and drop sessions, post late rewards, and let
+the trainer move a shard's sampler with a weight push (hold, release, version) (token required).
 
 Defines ``admin_routes(gateway)`` and the pydantic ``CreateSessionBody``.
 The admin token travels as ``Authorization: Bearer <token>`` or ``X-Admin-Token``;
@@ -81,6 +82,19 @@ class SamplerVersionBody(BaseModel):
     retired: dict[str, str] = {}
     """Servers the trainer took out of rotation at this push (URL -> why): this gateway's
     HTTP sampler stops routing to them too."""
+
+
+class SamplerReleaseBody(BaseModel):
+    """Body of ``POST /admin/sampler/release``: how the push that held this gateway's sampler
+    ended (``weight_version`` null: it failed and the version stays)."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight_version: int | None = Field(None, ge=0, strict=True)
+    retired: dict[str, str] = {}
+    """Servers the push took out of rotation (URL -> why)."""
+    updated: list[str] = []
+    """Servers now serving ``weight_version``: back in this gateway's rotation if its own
+    sampler had put them aside for other weights."""
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -198,19 +212,53 @@ def admin_routes(gateway: Gateway) -> list[Route]:
             raise not_found(str(exc)) from None
         return {"rollout_id": rid, "reward": body.reward}
 
+    def follow(version: int | None, retired: dict[str, str], updated: list[str]) -> None:
+        # What the trainer's push did, applied to this gateway's sampler: the version, the
+        # servers retired (no more traffic) and those updated (traffic again).
+        sampler: Any = gateway.sampler
+        if version is not None:
+            sampler.weight_version = version
+            if hasattr(sampler, "pushed"):
+                sampler.pushed = True  # launch weights ("default") are a mismatch from now on
+        pool: Any = getattr(sampler, "pool", None)
+        by_url = {s.url: s for s in getattr(pool, "servers", ())}
+        for url, why in retired.items():
+            if (server := by_url.get(url.rstrip("/"))) is not None:
+                pool.retire(server, f"retired by the trainer: {why}")
+        for url in updated:
+            if (server := by_url.get(url.rstrip("/"))) is not None:
+                server.needs_weights = False
+
     async def set_sampler_version(request: Request) -> Any:
         # A gateway shard's HTTP sampler learns the weight version the trainer pushed
         # (core.rollout.shards.GatewayShards.set_weight_version).
         body = await read_body(request, SamplerVersionBody, "sampler version", '; send {"weight_version": <int>}')
         if not hasattr(gateway.sampler, "weight_version"):
             raise bad_request(f"this gateway's sampler ({type(gateway.sampler).__name__}) keeps no weight version")
-        gateway.sampler.weight_version = body.weight_version
-        pool: Any = getattr(gateway.sampler, "pool", None)
-        for url, why in body.retired.items():
-            for server in list(getattr(pool, "servers", ())):
-                if server.url == url.rstrip("/"):
-                    pool.retire(server, f"retired by the trainer: {why}")
+        follow(body.weight_version, body.retired, [])
         return {"weight_version": body.weight_version}
+
+    def holdable() -> Any:
+        sampler = gateway.sampler
+        if not callable(getattr(sampler, "quiesce", None)):
+            raise bad_request(f"this gateway's sampler ({type(sampler).__name__}) samples from no fleet to hold for")
+        return sampler
+
+    async def hold_sampler(request: Request) -> Any:
+        # Before a push that aborts: answered once nothing more reaches a server until the
+        # release (core.rollout.shards.GatewayShards.hold).
+        sampler = holdable()
+        await sampler.quiesce()
+        return {"held": True, "weight_version": sampler.weight_version}
+
+    async def release_sampler(request: Request) -> Any:
+        # After the push: its version and servers, then requests go again, aborted ones
+        # continued under the new version.
+        body = await read_body(request, SamplerReleaseBody, "sampler release", '; send {"weight_version": <int>}')
+        sampler = holdable()
+        follow(body.weight_version, body.retired, body.updated)
+        sampler.release()
+        return {"held": False, "weight_version": sampler.weight_version}
 
     async def drop(request: Request) -> Any:
         gateway.session(request.path_params["sid"])
@@ -228,4 +276,6 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         Route("/admin/sessions/{sid}/harvest", wrap(harvest), methods=["POST"]),
         Route("/admin/rollouts/{rid}/reward", wrap(post_reward), methods=["POST"]),
         Route("/admin/sampler", wrap(set_sampler_version), methods=["POST"]),
+        Route("/admin/sampler/hold", wrap(hold_sampler), methods=["POST"]),
+        Route("/admin/sampler/release", wrap(release_sampler), methods=["POST"]),
     ]

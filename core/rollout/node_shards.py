@@ -40,6 +40,7 @@ from core.rollout.sessions import ShardLost
 from core.rollout.shards import (
     START_TIMEOUT_S,
     GatewayShards,
+    Shard,
     ShardSpec,
     _await_listening,
     _child_env,
@@ -269,9 +270,18 @@ class NodeShards(GatewayShards):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # RayActorError: the actor, its worker or its node died
-            shard.lost = f"its Ray actor or node was lost ({_cause(exc)})"
+            shard.lost = shard.lost or f"its Ray actor or node was lost ({_cause(exc)})"
         logger.warning("%s; its node's rollouts fail, new ones go to other nodes", shard.gone(""))
         await self.runtime.placement_changed()
+
+    async def _kill(self, shard: Shard, lost: str) -> None:
+        """Stop a shard that failed to follow a weight push: its actor is killed."""
+        import ray
+
+        assert isinstance(shard, _NodeShard)
+        shard.lost = lost
+        with contextlib.suppress(Exception):
+            ray.kill(shard.handle, no_restart=True)
 
     async def aclose(self) -> None:
         """Stop every shard and its actor; idempotent."""

@@ -13,10 +13,13 @@ docs/scale.md). Defines:
   the shard processes (plain subprocesses on this machine), opens each session on the
   next live shard and gives its agent that shard's base URL, harvests a session from
   its shard over ``POST /admin/sessions/{sid}/harvest`` (exactly the rows, counters
-  and conversation an in-process gateway gives), sums ``/admin/stats``, tells every
-  shard the fleet's weight version after a push, and stops them. A shard that died
-  fails only the rollouts it held, with ``ShardLost`` naming it; new sessions go to
-  the shards still alive.
+  and conversation an in-process gateway gives), sums ``/admin/stats``, follows each
+  weight push (``core.samplers.weights.PushFollower``: every shard holds, acknowledged,
+  before a push that aborts, and learns the version and servers when it ends), and
+  stops them. A shard that died fails only the rollouts it held, with ``ShardLost``
+  naming it; new sessions go to the shards still alive. A shard that does not
+  acknowledge a hold within ``HOLD_TIMEOUT_S`` is stopped and counts as dead: it must
+  not sample unheld while the servers change weights.
 
 A shard exits when its stdin closes, so the shards never outlive a trainer killed
 without a chance to stop them.
@@ -48,6 +51,8 @@ __all__ = ["GatewayShards", "Shard", "ShardLateRewards", "ShardSpec", "build_sha
 
 START_TIMEOUT_S = 120.0
 """How long a shard process may take to print where it listens."""
+HOLD_TIMEOUT_S = 30.0
+"""How long a shard may take to acknowledge a hold (or a release) at a weight push."""
 
 
 @dataclass
@@ -207,6 +212,8 @@ class _Shard:
     index: int
     proc: asyncio.subprocess.Process
     root_url: str = ""
+    lost: str = ""
+    """Why the trainer stopped it (it failed to follow a weight push); '' otherwise."""
 
     @property
     def base_url(self) -> str:
@@ -220,7 +227,9 @@ class _Shard:
         return f"gateway shard {self.index} ({self.root_url or 'not started'}, pid {self.proc.pid})"
 
     def gone(self, what: str) -> ShardLost:
-        if self.proc.returncode is not None:
+        if self.lost:
+            what = self.lost
+        elif self.proc.returncode is not None:
             what = f"its process exited with code {self.proc.returncode}"
         return ShardLost(f"{self.name()}: {what}")
 
@@ -238,6 +247,8 @@ class GatewayShards:
         import httpx
 
         self.shards: list[Shard] = list(shards)
+        self.hold_timeout_s = HOLD_TIMEOUT_S
+        """How long a shard may take to acknowledge a hold, release or version."""
         self._folder = folder
         self._owner: dict[str, Shard] = {}
         self._next = 0
@@ -363,16 +374,72 @@ class GatewayShards:
 
     async def set_weight_version(self, version: int, retired: Mapping[str, str] | None = None) -> None:
         """Tell every live shard's HTTP sampler the weights now pushed, and the servers that
-        push retired (``retired``: URL -> why), so no shard samples from them again."""
+        push retired (``retired``: URL -> why), so no shard samples from them again; a shard
+        that does not answer is stopped, as in ``hold``."""
         body = {"weight_version": int(version), "retired": dict(retired or {})}
-        for shard in self.shards:
-            if shard.alive:
-                resp = await self._http.post(shard.root_url + "/admin/sampler", json=body)
-                resp.raise_for_status()
+        what = f"weight version {version}"
+        await asyncio.gather(*(self._tell(s, "/admin/sampler", body, what) for s in self.shards if s.alive))
 
     async def announce(self, report: Any) -> None:
         """``set_weight_version`` from a ``core.samplers.weights.PushReport`` (``Fleet.after_push``)."""
         await self.set_weight_version(int(report.version), dict(report.retired))
+
+    def follow(self, fleet: Any) -> None:
+        """Move every shard's sampler with ``fleet``'s pushes (a ``core.trainer.fleet.Fleet``):
+        held and released by its pusher, told the probe's retirements after each push."""
+        fleet.pusher.followers.append(self)
+        fleet.after_push.append(self.announce)
+
+    async def hold(self, version: int) -> None:
+        """Every live shard's sampler holds (``POST /admin/sampler/hold``, answered once
+        nothing more reaches a server) before the push of ``version``; a shard that does not
+        acknowledge within ``hold_timeout_s`` is stopped (its rollouts fail naming why)."""
+        await asyncio.gather(*(
+            self._tell(s, "/admin/sampler/hold", {}, f"hold for the weight push to version {version}")
+            for s in self.shards if s.alive
+        ))
+
+    async def release(self, report: Any) -> None:
+        """After a push (``report``: a ``PushReport``, None when it failed): every live shard
+        learns the version and the servers updated and retired, then samples again."""
+        body = (
+            {"weight_version": int(report.version), "retired": dict(report.retired), "updated": list(report.updated)}
+            if report is not None
+            else {}
+        )
+        what = "release after the weight push" + (f" to version {report.version}" if report is not None else "")
+        await asyncio.gather(*(self._tell(s, "/admin/sampler/release", body, what) for s in self.shards if s.alive))
+
+    async def _tell(self, shard: Shard, route: str, body: dict[str, Any], what: str) -> None:
+        """POST ``route`` to ``shard``; one that does not answer 200 in time is stopped."""
+        import httpx
+
+        try:
+            resp = await asyncio.wait_for(self._http.post(shard.root_url + route, json=body), self.hold_timeout_s)
+        except TimeoutError:
+            why = f"no answer within {self.hold_timeout_s:g} s"
+        except httpx.TransportError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            if resp.status_code == 200:
+                return
+            why = f"answered {resp.status_code}: {resp.text[:200]}"
+        if not shard.alive:
+            return  # it died on its own: its rollouts fail with its exit code
+        lost = (
+            f"did not acknowledge the {what} ({why}); stopped, so that it cannot sample from servers "
+            "changing weights under the wrong version"
+        )
+        print(f"warning: {shard.name()} {lost}", file=sys.stderr)
+        await self._kill(shard, lost)
+
+    async def _kill(self, shard: Shard, lost: str) -> None:
+        """Stop ``shard`` for good, ``lost`` saying why (what its rollouts fail with)."""
+        assert isinstance(shard, _Shard)
+        shard.lost = lost
+        with contextlib.suppress(ProcessLookupError):
+            shard.proc.kill()
+        await shard.proc.wait()
 
     async def aclose(self) -> None:
         """Stop every shard (stdin closed, then SIGTERM, then SIGKILL); idempotent."""

@@ -39,9 +39,15 @@ Rules the base enforces:
   it was sent (a push aborted it before its first token); otherwise it stays
   aborted.
 - **Nothing is sent while a push that aborts is under way** (``hold``/``release``,
-  called by the ``WeightPusher``): a continuation or a new request waits for the
+  called by the ``WeightPusher``; in a gateway shard, by the trainer over
+  ``POST /admin/sampler/hold``): a continuation or a new request waits for the
   push to end, so it carries the new version (and vLLM's cache salt) and is
-  labelled with the weights that will sample it.
+  labelled with the weights that will sample it. That includes a request that
+  passed the gate before ``hold`` but had not begun writing (waiting for a
+  pooled connection, say): httpx's ``trace`` hook stops it before its first
+  byte and it goes back to the gate, to be built again under the new version.
+  ``quiesce`` holds and returns once no request is mid-write, so nothing
+  reaches a server after it returns until ``release``.
 """
 
 from __future__ import annotations
@@ -70,6 +76,9 @@ log = logging.getLogger(__name__)
 
 SAMPLER_KINDS = ("vllm", "sglang")
 VLLM_ENDPOINTS = ("generate", "completions")
+
+CONTROL_CONNECTIONS = 16
+"""Connections kept for the calls that are not generations (``HttpSampler.client``)."""
 
 MAX_CONTINUATIONS = 16
 """Most times one generation is sent again after an abort (one per weight push it spans)."""
@@ -190,6 +199,11 @@ class WrongWeights(SamplerError):
     """A server answered from weights other than the pushed ones (it was marked ``needs_weights``)."""
 
 
+class _HeldBack(Exception):
+    """A request about to write its first byte found the sampler held: nothing was sent, so it
+    goes back to the gate and is built again (new version, new cache salt) after ``release``."""
+
+
 @dataclass(frozen=True)
 class _Call:
     """One request as ``_post`` sends it (and sends again after a connection error)."""
@@ -282,7 +296,12 @@ class HttpSampler:
         answer from launch weights is a mismatch, not the current version."""
         self._held: asyncio.Future[None] | None = None
         """Set while a push that aborts running requests is under way (``hold``)."""
+        self._writing = 0
+        """Requests writing to a server now (first header byte to last body byte)."""
+        self._written: asyncio.Event | None = None
+        """Set when ``_writing`` drops to 0 (what ``quiesce`` waits for)."""
         self._client: ShardedClient | None = None
+        self._control: ShardedClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -319,25 +338,34 @@ class HttpSampler:
         if self._client is None or self._loop is not loop:
             # Clients bind to the loop that first uses them (each asyncio.run has its own).
             cfg = self.config
-            self._client = ShardedClient(
-                max_connections=cfg.max_connections,
-                per_shard=cfg.connections_per_shard,
-                # One TLS context for all shards: building one per client costs ~35 ms each.
-                verify=_tls_context(),
-                timeout=httpx.Timeout(
-                    connect=cfg.connect_timeout_s,
-                    read=cfg.request_timeout_s,
-                    write=cfg.request_timeout_s,
-                    pool=cfg.request_timeout_s,
-                ),
-            )
+            self._client = self._new_client(cfg.max_connections, cfg.connections_per_shard)
+            self._control = self._new_client(CONTROL_CONNECTIONS, CONTROL_CONNECTIONS)
             self._loop = loop
         return self._client
 
+    def _new_client(self, max_connections: int, per_shard: int) -> ShardedClient:
+        cfg = self.config
+        return ShardedClient(
+            max_connections=max_connections,
+            per_shard=per_shard,
+            # One TLS context for all shards: building one per client costs ~35 ms each.
+            verify=_tls_context(),
+            timeout=httpx.Timeout(
+                connect=cfg.connect_timeout_s,
+                read=cfg.request_timeout_s,
+                write=cfg.request_timeout_s,
+                pool=cfg.request_timeout_s,
+            ),
+        )
+
     def client(self) -> ShardedClient:
-        """The HTTP client of the running loop, for callers that talk to the same servers
-        (the weight push): its connections, TLS context and limits."""
-        return self._http()
+        """The HTTP client of the running loop for calls that are not generations (weight
+        push, pause, sleep, health checks, aborts): the servers, TLS context and timeouts
+        of the generations, but connections of its own, so a pool full of running
+        generations never queues the push that would abort them, or a health check."""
+        self._http()
+        assert self._control is not None
+        return self._control
 
     @property
     def base_headers(self) -> dict[str, str]:
@@ -360,6 +388,51 @@ class HttpSampler:
         held, self._held = self._held, None
         if held is not None and not held.done():
             held.set_result(None)
+
+    def _holding(self) -> asyncio.Future[None] | None:
+        """The hold in force in this event loop (a hold left in a closed loop holds nothing)."""
+        held = self._held
+        return held if held is not None and held.get_loop() is asyncio.get_running_loop() else None
+
+    @property
+    def held(self) -> bool:
+        """Between ``hold`` and ``release``."""
+        return self._held is not None
+
+    async def quiesce(self) -> None:
+        """``hold``, then wait until no request is writing to a server: from then until
+        ``release`` no byte of a generate request reaches one (a request not yet writing is
+        stopped before its first byte and sent again after ``release``)."""
+        self.hold()
+        while self._writing:
+            if self._written is None:
+                self._written = asyncio.Event()
+            await self._written.wait()
+
+    def _write_tracer(self) -> Any:
+        """httpx's ``trace`` extension for one request: refuses to start writing while held
+        (``_HeldBack``) and counts the request in ``_writing`` until its body is written."""
+        state = {"writing": False}
+
+        def done() -> None:
+            if state["writing"]:
+                state["writing"] = False
+                self._writing -= 1
+                if not self._writing and self._written is not None:
+                    self._written.set()
+                    self._written = None
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            if name.endswith("send_request_headers.started"):
+                if self._holding() is not None:
+                    raise _HeldBack
+                state["writing"] = True
+                self._writing += 1
+            elif name.endswith(("send_request_body.complete", ".failed")):
+                done()
+
+        trace.done = done  # type: ignore[attr-defined]
+        return trace
 
     def fail(self, server: ServerState | None, what: str, fix: str) -> SamplerError:
         """A ``SamplerError`` naming the engine, the server, what went wrong and the fix."""
@@ -454,17 +527,27 @@ class HttpSampler:
     ) -> SampleResult:
         if self._closed:
             raise SamplerError(f"the {self.protocol} sampler is closed; build a new one")
-        while self._held is not None and self._held.get_loop() is asyncio.get_running_loop():
-            await asyncio.shield(self._held)  # a push is aborting the running requests: wait for it
-        rid = "tracerl-" + secrets.token_hex(12)
-        version = self.weight_version
-        path, body = self._request(prompt, params, rid)
-        headers = dict(self._base_headers)
-        if self.config.affinity_header and self.affinity_header_name:
-            headers[self.affinity_header_name] = key
-        # Encoded now: the gateway may append to the prompt once we return.
-        call = _Call(path, json.dumps(body, separators=(",", ":")).encode(), headers, key, rid, only)
-        del body
+        while True:
+            while (held := self._holding()) is not None:
+                await asyncio.shield(held)  # a push is aborting the running requests: wait for it
+            version = self.weight_version
+            rid = "tracerl-" + secrets.token_hex(12)
+            path, body = self._request(prompt, params, rid)
+            headers = dict(self._base_headers)
+            if self.config.affinity_header and self.affinity_header_name:
+                headers[self.affinity_header_name] = key
+            # Encoded now: the gateway may append to the prompt once we return.
+            content = json.dumps(body, separators=(",", ":")).encode()
+            call = _Call(path, content, headers, key, rid, only)
+            del body
+            try:
+                return await self._send(call, params, version)
+            except _HeldBack:  # held before its first byte: built again under the new version
+                continue
+
+    async def _send(self, call: _Call, params: SamplingParams, version: int) -> SampleResult:
+        """``call`` answered and parsed; sent again elsewhere when a server answers from other weights."""
+        only, path = call.only, call.path
         wrong: WrongWeights | None = None
         for _ in range(1 if only is not None else max(1, len(self.pool.servers))):
             resp, server = await self._post(call)
@@ -488,7 +571,7 @@ class HttpSampler:
     async def _post(self, call: _Call) -> tuple[httpx.Response, ServerState]:
         path, content, headers, key, rid = call.path, call.content, call.headers, call.key, call.rid
         client = self._http()
-        self.pool.ensure_health_checks(client)
+        self.pool.ensure_health_checks(self.client())
         cfg = self.config
         attempts = 1 + cfg.connect_retries
         tried: set[str] = set()
@@ -502,10 +585,16 @@ class HttpSampler:
                 )
             tried.add(server.url)
             server.requests += 1
+            tracer = self._write_tracer()
             try:
-                resp = await client.post(server.url + path, content=content, headers=headers)
+                resp = await client.post(
+                    server.url + path, content=content, headers=headers, extensions={"trace": tracer}
+                )
+            except _HeldBack:
+                server.requests -= 1  # nothing was sent
+                raise
             except asyncio.CancelledError:
-                self._on_cancel(client, server, rid)
+                self._on_cancel(self.client(), server, rid)
                 raise
             except _RETRYABLE as exc:
                 reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -531,6 +620,8 @@ class HttpSampler:
                     f"POST {path} failed: {type(exc).__name__}: {exc}",
                     "check the server URL and its log",
                 ) from exc
+            finally:
+                tracer.done()
             return resp, server
         raise SamplerError(self.named(
             f"could not reach any {self.protocol} server after {attempts} attempts "
@@ -567,7 +658,7 @@ class HttpSampler:
 
     async def check_health(self) -> list[dict[str, object]]:
         """Run one round of health checks now; returns the pool's snapshot."""
-        await self.pool.check_all(self._http())
+        await self.pool.check_all(self.client())
         return self.pool.snapshot()
 
     async def aclose(self) -> None:
@@ -580,5 +671,7 @@ class HttpSampler:
             await asyncio.wait(set(self._background), timeout=self.config.abort_timeout_s)
         if self._client is not None and self._loop is asyncio.get_running_loop():
             await self._client.aclose()
-        self._client = None
+            if self._control is not None:
+                await self._control.aclose()
+        self._client = self._control = None
 

@@ -35,8 +35,12 @@ Face layout: ``config.json`` plus ``*.safetensors``) and calls
   once the push is over.
 
 While a push with ``abort_on_push`` runs, the sampler holds new requests and
-continuations (``HttpSampler.hold``) until the new version is set, so none is
-sent mid-push under the old version's label.
+continuations (``HttpSampler.quiesce``) until the new version is set, so none is
+sent mid-push under the old version's label. Other processes that sample from
+the same servers (the gateway shards, ``gateway.shards``) follow the push as
+``PushFollower``s: with ``abort_on_push`` each holds, acknowledged, before the
+first server is paused, and every push ends with each told the new version and
+the servers it updated and retired, before this sampler's own hold is released.
 
 A server that fails any of this (HTTP error, ``success: false``, a version
 other than the one pushed, a refused cache reset, not done within
@@ -60,7 +64,7 @@ import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -68,7 +72,7 @@ from core.errors import RunAborted
 from core.samplers.http_pool import ServerState
 from core.samplers.http_sampler import HttpSampler
 
-__all__ = ["PushReport", "WeightPusher"]
+__all__ = ["PushFollower", "PushReport", "WeightPusher"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,19 @@ class PushReport:
     """Servers re-pushed since the previous push, on coming back from unhealthy."""
 
 
+class PushFollower(Protocol):
+    """Another sampler of the same servers that must move with each push (a gateway shard's)."""
+
+    async def hold(self, version: int) -> None:
+        """Before a push that aborts (``abort_on_push``): return once the follower sends
+        nothing more until ``release``. A follower that cannot must stop sampling for good
+        (and say so) rather than raise: the push goes on."""
+
+    async def release(self, report: PushReport | None) -> None:
+        """After every push: the version pushed and the servers it updated and retired
+        (``report``; None: the push failed and the version stays), then send again."""
+
+
 class WeightPusher:
     """Loads a weights directory into every server of an ``HttpSampler`` and checks the version."""
 
@@ -152,6 +169,8 @@ class WeightPusher:
         self.readmitted = 0
         """Servers re-pushed on coming back, since the last ``push`` report."""
         self._lock = asyncio.Lock()
+        self.followers: list[PushFollower] = []
+        """Held before each push that aborts and told its outcome after every push."""
         sampler.pool.readmit = self.readmit
 
     @property
@@ -181,16 +200,22 @@ class WeightPusher:
                 pool.mark_needs_weights(server, f"down during the push of version {version}: {server.last_error}")
                 report.waiting.append(server.url)
         aborting = self.sampler.config.abort_on_push
-        if aborting:
-            self.sampler.hold()
+        settled: PushReport | None = None
         try:
+            if aborting:  # nothing reaches a server from here until the release
+                await self.sampler.quiesce()
+                await asyncio.gather(*(f.hold(version) for f in self.followers))
             results = await asyncio.gather(
                 *(self._push_one(s, path, version, pause=aborting) for s in servers), return_exceptions=True
             )
             report.seconds = loop.time() - t0
-            return self._settle(report, servers, results, path)
+            settled = self._settle(report, servers, results, path)
+            return settled
         finally:
-            self.sampler.release()
+            try:
+                await asyncio.gather(*(f.release(settled) for f in self.followers))
+            finally:
+                self.sampler.release()
 
     def _settle(
         self, report: PushReport, servers: list[ServerState], results: list[Any], path: str

@@ -182,7 +182,7 @@ class Trainer:
         )
         self._closers.append(stack.aclose)
         if stack.shards is not None and self.fleet is not None:  # gateway.shards > 1
-            self.fleet.after_push.append(stack.shards.announce)
+            stack.shards.follow(self.fleet)  # held and released with each push, told its outcome
         self.server, self.runtime, self.runner = stack.server, stack.runtime, stack.runner
         self.rewards = build_reward_stage(self.composed, self.plugins, self.runner)
         self._closers.append(self.rewards.aclose)

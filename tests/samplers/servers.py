@@ -190,6 +190,10 @@ class StandIn:
     """False: a vLLM without the pause API (``/pause`` and ``/resume`` answer 404)."""
     pauses: list[str] = field(default_factory=list)
     """Query of each ``POST /pause``."""
+    paused_hits: list[str] = field(default_factory=list)
+    """Paths of generate requests that arrived while paused (a held sampler sends none)."""
+    reload_s: float = 0.0
+    """Seconds ``reload_weights`` takes (a real reload takes seconds to minutes)."""
     sleep_mode: str = "ok"
     """ok | off | no_wake (see the module docstring)."""
     sleeping: bool = False
@@ -249,6 +253,8 @@ class StandIn:
             body = await request.json()
             self.hits.append(Hit(request.url.path, dict(request.headers), body))
             self.log(request.url.path)
+            if self.paused:
+                self.paused_hits.append(request.url.path)
             if self.sleeping:
                 self.asleep_hits.append(request.url.path)
                 return JSONResponse({"error": {"message": "model is sleeping"}}, status_code=503)
@@ -354,6 +360,7 @@ class StandIn:
             if body.get("method") == "update_config":
                 self._reload_path = body["args"][0]["model_config"]["model"]
             elif body.get("method") == "reload_weights" and self._reload_path:
+                await asyncio.sleep(self.reload_s)
                 self.weights = self._reload_path
             else:
                 return JSONResponse({"error": f"bad call {body!r}"}, status_code=400)

@@ -160,3 +160,35 @@ def test_a_vllm_without_the_pause_api_is_refused_naming_the_setting(make_standin
     with pytest.raises(RunAborted, match=r"no pause API for sampler.abort_on_push.*abort_on_push=false"):
         asyncio.run(go())
     assert not [h for h in standin.hits if h.path == "/collective_rpc"]
+
+
+def test_a_request_waiting_for_a_connection_at_the_hold_goes_out_after_the_push(make_standin: Any) -> None:
+    """A request that passed the gate before the hold but still waited for a pooled connection
+    (two connections, two running generations) is stopped before its first byte when a
+    connection frees up mid-push, and sent after the push under the new version: no
+    generate request reaches the paused server, and every token is labelled with the
+    weights that sampled it."""
+    standin, url = make_standin(mode="decode", tick_s=0.01, reload_s=0.3)
+    sampler = sampler_for("vllm", [url], abort_on_push=True, max_connections=1, connections_per_shard=1)
+
+    async def go() -> list[Any]:
+        tasks = [asyncio.create_task(sampler.sample(PROMPT, LONG, session_id=f"s{i}")) for i in range(3)]
+        await wait_for(lambda: standin.running == 2, "two running generations")
+        await asyncio.sleep(0.1)
+        assert standin.running == 2 and len(standin.generate_hits()) == 2  # the third waits for a connection
+        await WeightPusher(sampler).push(WEIGHTS, 7)
+        outs = await asyncio.gather(*tasks)
+        await sampler.aclose()
+        return outs
+
+    outs = asyncio.run(go())
+    assert standin.paused_hits == []
+    for out in outs:
+        for seg in out.segments or (Segment(0, len(out.token_ids), out.weight_version),):
+            weights = "launch" if seg.weight_version == 0 else WEIGHTS
+            positions = range(len(PROMPT) + seg.start, len(PROMPT) + seg.end)
+            assert out.token_ids[seg.start : seg.end] == [StandIn.decoded(weights, p)[0] for p in positions]
+    assert sorted(len(out.segments) for out in outs) == [0, 2, 2]  # two continued, one sent after
+    late = next(out for out in outs if not out.segments)
+    assert late.weight_version == 7
+    assert [h.body["cache_salt"] for h in standin.generate_hits()].count("tracerl-v0") == 2
