@@ -27,8 +27,8 @@ from core.errors import ConfigError
 from core.eval.results import summarize, write_rows
 from core.eval.run import EndpointRunner, run_eval
 from core.http import check_key_endpoint
-from core.plugins.policy_backend import policy_backend_config
-from core.types import SamplingParams
+from core.plugins.policy_backend import check_policy_tokenizers, policy_backend_config
+from core.types import PolicySampling, SamplingParams
 
 __all__ = [
     "evaluate_config",
@@ -108,6 +108,28 @@ def _load_eval_set(cfg: Any, out: Path) -> list[dict[str, Any]]:
     return rows[:limit] if limit else rows
 
 
+def eval_sampling(cfg: Any) -> SamplingParams:
+    """The sessions' sampling: ``eval.temperature``, and ``eval.max_tokens`` or, when 0, each
+    policy's own ``max_tokens`` (``algorithm.max_tokens`` for a policy without one), as training
+    samples them (the default policy's in the session, the others' in ``by_policy``)."""
+    ev = cfg.eval
+    run_max = int(cfg.algorithm.max_tokens)
+    own = {str(name): int((p or {}).get("max_tokens") or run_max) for name, p in (cfg.get("policies") or {}).items()}
+    base = int(ev.max_tokens) or (next(iter(own.values())) if own else run_max)
+    temperature = float(ev.temperature)
+    by_policy = () if int(ev.max_tokens) else tuple(
+        (name, PolicySampling(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=mine))
+        for name, mine in own.items()
+        if mine != base
+    )
+    return SamplingParams(
+        max_tokens=base,
+        temperature=temperature,
+        seed=(int(cfg.seed) * 1_000_003 + 5) % (2**62),
+        by_policy=by_policy,
+    )
+
+
 async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
     """Evaluate as ``cfg`` says; writes ``results.jsonl`` and ``summary.json``, returns the summary."""
     from core.rewards import build_reward_stage
@@ -124,11 +146,7 @@ async def evaluate_config(cfg: Any, plugins: Any) -> dict[str, Any]:
     out = Path(str(ev.output_dir or cfg.run_dir))
     out.mkdir(parents=True, exist_ok=True)
     payloads = _load_eval_set(cfg, out)
-    sampling = SamplingParams(
-        max_tokens=int(ev.max_tokens or cfg.algorithm.max_tokens),
-        temperature=float(ev.temperature),
-        seed=(int(cfg.seed) * 1_000_003 + 5) % (2**62),
-    )
+    sampling = eval_sampling(cfg)
     closers: list[Any] = []
     decode = None
     try:
@@ -228,6 +246,7 @@ async def _gateway_runner(cfg: Any, plugins: Any, closers: list[Any], out: Path)
         own = ((cfg.get("policies") or {}).get(name) or {}).get("backend")
         backends[name] = spec.factory(policy_backend_config(cfg, name, own, spec))
         closers.append(backends[name].aclose)
+    check_policy_tokenizers(backends)
     backend = backends[routes.default]
     if ev.checkpoint:
         await _load_checkpoint(backends, str(ev.checkpoint))

@@ -3,6 +3,8 @@
 Defines:
 
 - ``setting_keys``: a nested mapping of settings as the dotted keys it sets;
+- ``check_policy_tokenizers``: every policy's model reads the default policy's tokens (the
+  gateway renders every turn with that one tokenizer), for a policy with a model of its own;
 - ``policy_backend_config``: the composed config a policy's backend is built from: the run's,
   with the policy's ``backend`` settings merged over its ``backend`` node, after checking
   each key is one the backend lets a policy set (``BackendSpec.policy_settings``) and the
@@ -24,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from core.errors import ConfigError
 from core.plugins.registry import BackendSpec
 
-__all__ = ["policy_backend_config", "setting_keys"]
+__all__ = ["check_policy_tokenizers", "policy_backend_config", "setting_keys"]
 
 
 def setting_keys(settings: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -90,3 +92,31 @@ def policy_backend_config(
         except (ConfigError, ValueError) as exc:
             raise ConfigError(f"policies.{name}.backend: {exc} (docs/multi_agent.md)") from None
     return merged
+
+
+def _tokens(backend: Any) -> tuple[Any, Any]:
+    tok = backend.get_tokenizer()
+    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else None
+    return vocab, getattr(tok, "chat_template", None)
+
+
+def check_policy_tokenizers(backends: Mapping[str, Any]) -> None:
+    """Refuse policies whose models read other tokens than the first (default) policy's: the
+    gateway renders and tokenizes every turn with that one's tokenizer, so another vocabulary
+    or chat template would feed a policy ids that mean something else to it.
+
+    Raises:
+        ConfigError: naming the policy whose tokenizer differs, and its model.
+    """
+    names = list(backends)
+    if len(names) < 2:
+        return
+    first = _tokens(backends[names[0]])
+    for name in names[1:]:
+        if _tokens(backends[name]) != first:
+            raise ConfigError(
+                f"policies.{name}: its model {backends[name].model_id()!r} has another tokenizer or chat "
+                f"template than policy {names[0]!r} (model {backends[names[0]].model_id()!r}); the gateway "
+                "renders every policy's turns with one tokenizer, so give each policy a model of the same "
+                "family and vocabulary (docs/multi_agent.md)"
+            )

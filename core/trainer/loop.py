@@ -46,6 +46,7 @@ from core.algo.losses import SAMPLER_LOGPROB_LOSSES
 from core.errors import ConfigError
 from core.eval.run import eval_metrics, run_eval
 from core.plugins.manager import Plugins
+from core.plugins.policy_backend import check_policy_tokenizers
 from core.rewards.stage import build_reward_stage, component_metrics
 from core.rollout import DataOrder, RolloutOutcome, prepare_data, start_rollout_stack
 from core.rundir.checkpoint import (
@@ -161,6 +162,7 @@ class Trainer:
         for name in routes.names:  # a backend per policy (one: today's run), with its own backend settings
             backends[name] = build_policy_backend(spec, self.composed, name, self.cfg.policies.get(name))
             self._closers.append(backends[name].aclose)
+        check_policy_tokenizers(backends)  # the gateway renders every policy's turns with one
         self.policies = PolicyBackends(backends)
         self.backend = self.policies.default
         self.fleet = build_fleet(self.composed, self.backend, self.run_dir)  # sampler=vllm|sglang

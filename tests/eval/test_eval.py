@@ -328,3 +328,24 @@ def test_eval_of_a_two_policy_checkpoint_loads_and_reports_each_policy(
 
     with pytest.raises(ConfigError, match=r"holds policies \['down', 'up'\], but this evaluation configures one"):
         asyncio.run(evaluate_config(compose([*base, *settings], plugins), plugins))
+
+
+def test_eval_sessions_sample_each_policy_with_its_own_max_tokens() -> None:
+    """``python -m core.eval`` with ``eval.max_tokens=0`` samples each policy's turns with its own
+    ``max_tokens`` (the run's for a policy without one), as training does; a set
+    ``eval.max_tokens`` is every policy's."""
+    from core.eval.cli import eval_sampling
+    from core.testing.build import compose_config
+    from core.types import PolicySampling
+
+    cfg = compose_config([
+        "algorithm.max_tokens=8", "eval.temperature=0.5",
+        "+policies.up={max_tokens:3}", "+policies.down={}", "+policies.side={max_tokens:3}",
+    ])
+    sampling = eval_sampling(cfg)
+    assert (sampling.max_tokens, sampling.temperature) == (3, 0.5)
+    assert sampling.by_policy == (("down", PolicySampling(temperature=0.5, top_p=1.0, top_k=-1, max_tokens=8)),)
+    cfg.eval.max_tokens = 5
+    fixed = eval_sampling(cfg)
+    assert (fixed.max_tokens, fixed.by_policy) == (5, ())
+    assert eval_sampling(compose_config(["algorithm.max_tokens=8"])).max_tokens == 8

@@ -6,6 +6,7 @@ own; a setting the backend cannot honour is refused before anything starts
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from local_helpers import run
 
 from core.errors import ConfigError
 from core.plugins import load_plugins
-from core.plugins.policy_backend import policy_backend_config
+from core.plugins.policy_backend import check_policy_tokenizers, policy_backend_config
 from core.testing.build import compose_config
 from core.trainer.config import load_train_config
 
@@ -66,10 +67,63 @@ def test_a_policy_may_train_an_adapter_while_another_trains_the_full_model() -> 
     ("policy", "message"),
     [
         ("{backend:{lora:{rank:4}}}", r"policies\.planner\.backend: sets \['lora\.rank'\], but LoRA is off for this policy"),
-        ("{backend:{model:gpt2}}", r"policies\.planner\.backend\.model: backend 'local' cannot set 'model' per policy; it takes \['lora\.enabled'"),
+        ("{backend:{device:cpu}}", r"policies\.planner\.backend\.device: backend 'local' cannot set 'device' per policy; it takes \['model'"),
+        ("{backend:{model:gpt2,tiny:{num_layers:1}}}", r"policies\.planner\.backend: sets \['tiny\.num_layers'\], but this policy's model is 'gpt2'"),
         ("{backend:{lora:{rank:many}}}", r"policies\.planner\.backend\.lora\.rank: Value .many. of type .str. could not be converted to Integer \(docs"),
     ],
 )
 def test_a_setting_the_backend_cannot_honour_is_refused_naming_the_policy_and_key(policy: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _build(f"+policies.planner={policy}", "+policies.coder={}")
+
+
+def test_a_policy_may_be_another_model_that_reads_the_same_tokens(tmp_path: Path) -> None:
+    """``backend.model`` per policy: a tiny model of another shape, and a model directory (the
+    tiny preset saved with ``save_pretrained``, loaded through transformers), beside the run's."""
+    source = _build("+policies.solo={}")["solo"]
+    saved = tmp_path / "saved"
+    source.model.save_pretrained(saved)
+    source.get_tokenizer().save_pretrained(saved)
+    run(source.aclose())
+    backends = _build(
+        "+policies.planner={}",
+        "+policies.coder={backend:{tiny:{hidden_size:32,num_layers:1}}}",
+        f"+policies.critic={{backend:{{model:'{saved}'}}}}",
+    )
+    try:
+        check_policy_tokenizers(backends)
+        widths = {name: b.model.config.hidden_size for name, b in backends.items()}
+        assert widths == {"planner": 64, "coder": 32, "critic": 64}
+        assert backends["coder"].model.config.num_hidden_layers == 1
+        assert backends["critic"].model_id() == str(saved)
+    finally:
+        for backend in backends.values():
+            run(backend.aclose())
+
+
+class _Tokens:
+    def __init__(self, vocab: dict[str, int], template: str = "t") -> None:
+        self.vocab, self.chat_template = vocab, template
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.vocab
+
+
+class _Named:
+    def __init__(self, model: str, tokenizer: _Tokens) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def get_tokenizer(self) -> _Tokens:
+        return self.tokenizer
+
+    def model_id(self) -> str:
+        return self.model
+
+
+def test_policies_whose_models_read_other_tokens_are_refused_naming_the_policy() -> None:
+    """The gateway renders every policy's turns with the first policy's tokenizer."""
+    same = _Named("a", _Tokens({"x": 0}))
+    check_policy_tokenizers({"planner": same, "coder": _Named("b", _Tokens({"x": 0}))})
+    for other in (_Tokens({"y": 0}), _Tokens({"x": 0}, template="other")):
+        with pytest.raises(ConfigError, match=r"policies\.coder: its model 'b' has another tokenizer or chat template than policy 'planner' \(model 'a'\)"):
+            check_policy_tokenizers({"planner": same, "coder": _Named("b", other)})

@@ -8,13 +8,31 @@ from core.errors import ConfigError
 from core.plugins import BackendRegistry, BackendSpec, hookimpl
 from tracerl_local.config import LocalBackendConfig
 
-POLICY_SETTINGS = ("lora.enabled", "lora.rank", "lora.alpha", "lora.dropout", "lora.target_modules")
-"""What ``policies.<name>.backend`` may set on the local backend: each policy is a model copy
-of its own, so its LoRA adapter may be its own too."""
+POLICY_SETTINGS = (
+    "model",
+    "tiny.hidden_size",
+    "tiny.intermediate_size",
+    "tiny.num_layers",
+    "tiny.num_heads",
+    "lora.enabled",
+    "lora.rank",
+    "lora.alpha",
+    "lora.dropout",
+    "lora.target_modules",
+)
+"""What ``policies.<name>.backend`` may set on the local backend: each policy is a model of
+its own, so it may be another model (of the same tokenizer: core checks) or another shape of
+``tiny``, and its LoRA adapter may be its own too."""
 
 
 def _check_policy(node: Any, keys: list[str]) -> None:
-    """An adapter setting does nothing with LoRA off: refuse it rather than train without it."""
+    """An adapter setting does nothing with LoRA off, a ``tiny`` shape nothing for another model:
+    refuse them rather than train without them."""
+    shape = [k for k in keys if k.startswith("tiny.")]
+    if shape and str(node.model) != "tiny":
+        raise ConfigError(
+            f"sets {shape}, but this policy's model is {str(node.model)!r}, not 'tiny'; drop them"
+        )
     adapter = [k for k in keys if k.startswith("lora.") and k != "lora.enabled"]
     if adapter and not bool(node.lora.enabled):
         raise ConfigError(
