@@ -74,27 +74,24 @@ class RewardBody(BaseModel):
 
 
 class SamplerVersionBody(BaseModel):
-    """Body of ``POST /admin/sampler``: the weight version now pushed to the fleet, and the
-    servers that push retired."""
-
-    model_config = ConfigDict(extra="forbid")
-    weight_version: int = Field(ge=0, strict=True)
-    retired: dict[str, str] = {}
-    """Servers the trainer took out of rotation at this push (URL -> why): this gateway's
-    HTTP sampler stops routing to them too."""
-
-
-class SamplerReleaseBody(BaseModel):
-    """Body of ``POST /admin/sampler/release``: how the push that held this gateway's sampler
-    ended (``weight_version`` null: it failed and the version stays)."""
+    """Body of ``POST /admin/sampler`` and ``POST /admin/sampler/release``: what the trainer's
+    fleet looks like now (every field optional; a release without ``weight_version``: the
+    push failed and the version stays)."""
 
     model_config = ConfigDict(extra="forbid")
     weight_version: int | None = Field(None, ge=0, strict=True)
+    """The weight version now pushed to the fleet."""
     retired: dict[str, str] = {}
-    """Servers the push took out of rotation (URL -> why)."""
+    """Servers the trainer took out of rotation for good (URL -> why): this gateway's
+    HTTP sampler stops routing to them too."""
     updated: list[str] = []
-    """Servers now serving ``weight_version``: back in this gateway's rotation if its own
-    sampler had put them aside for other weights."""
+    """Servers a push just loaded with ``weight_version``."""
+    serving: list[str] | None = None
+    """The servers the trainer routes to (up, with the current weights); from the first
+    such message on, this gateway routes to those only and never readmits a server by
+    itself (its health checks cannot see which weights a server holds)."""
+    out: dict[str, str] = {}
+    """Why each server of the fleet not ``serving`` is out (URL -> why)."""
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -212,22 +209,38 @@ def admin_routes(gateway: Gateway) -> list[Route]:
             raise not_found(str(exc)) from None
         return {"rollout_id": rid, "reward": body.reward}
 
-    def follow(version: int | None, retired: dict[str, str], updated: list[str]) -> None:
-        # What the trainer's push did, applied to this gateway's sampler: the version, the
-        # servers retired (no more traffic) and those updated (traffic again).
+    async def trainer_decides(server: Any) -> bool:
+        return False  # a server back from unhealthy waits for the trainer's word (``serving``)
+
+    def follow(body: SamplerVersionBody) -> None:
+        # What the trainer's fleet looks like, applied to this gateway's sampler: the version,
+        # the servers retired (no more traffic), those updated or serving (traffic again) and
+        # those out of the trainer's rotation (none).
         sampler: Any = gateway.sampler
-        if version is not None:
-            sampler.weight_version = version
+        if body.weight_version is not None:
+            sampler.weight_version = body.weight_version
             if hasattr(sampler, "pushed"):
                 sampler.pushed = True  # launch weights ("default") are a mismatch from now on
         pool: Any = getattr(sampler, "pool", None)
-        by_url = {s.url: s for s in getattr(pool, "servers", ())}
-        for url, why in retired.items():
-            if (server := by_url.get(url.rstrip("/"))) is not None:
+        if pool is None:
+            return
+        by_url = {s.url: s for s in pool.servers}
+        for url, why in body.retired.items():
+            if (server := by_url.pop(url.rstrip("/"), None)) is not None:
                 pool.retire(server, f"retired by the trainer: {why}")
-        for url in updated:
+        for url in body.updated:
             if (server := by_url.get(url.rstrip("/"))) is not None:
                 server.needs_weights = False
+        if body.serving is None:
+            return
+        pool.readmit = trainer_decides
+        serving = {url.rstrip("/") for url in body.serving}
+        out = {url.rstrip("/"): why for url, why in body.out.items()}
+        for url, server in by_url.items():
+            if url in serving:
+                server.needs_weights = False
+            else:
+                pool.mark_needs_weights(server, f"out of the trainer's rotation: {out.get(url, 'not serving')}")
 
     async def set_sampler_version(request: Request) -> Any:
         # A gateway shard's HTTP sampler learns the weight version the trainer pushed
@@ -235,8 +248,8 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         body = await read_body(request, SamplerVersionBody, "sampler version", '; send {"weight_version": <int>}')
         if not hasattr(gateway.sampler, "weight_version"):
             raise bad_request(f"this gateway's sampler ({type(gateway.sampler).__name__}) keeps no weight version")
-        follow(body.weight_version, body.retired, [])
-        return {"weight_version": body.weight_version}
+        follow(body)
+        return {"weight_version": gateway.sampler.weight_version}
 
     def holdable() -> Any:
         sampler = gateway.sampler
@@ -254,9 +267,9 @@ def admin_routes(gateway: Gateway) -> list[Route]:
     async def release_sampler(request: Request) -> Any:
         # After the push: its version and servers, then requests go again, aborted ones
         # continued under the new version.
-        body = await read_body(request, SamplerReleaseBody, "sampler release", '; send {"weight_version": <int>}')
+        body = await read_body(request, SamplerVersionBody, "sampler release", '; send {"weight_version": <int>}')
         sampler = holdable()
-        follow(body.weight_version, body.retired, body.updated)
+        follow(body)
         sampler.release()
         return {"held": False, "weight_version": sampler.weight_version}
 

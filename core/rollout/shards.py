@@ -53,6 +53,8 @@ START_TIMEOUT_S = 120.0
 """How long a shard process may take to print where it listens."""
 HOLD_TIMEOUT_S = 30.0
 """How long a shard may take to acknowledge a hold (or a release) at a weight push."""
+VIEW_INTERVAL_S = 1.0
+"""How often the trainer checks whether the servers it routes to changed (``follow``)."""
 
 
 @dataclass
@@ -249,6 +251,9 @@ class GatewayShards:
         self.shards: list[Shard] = list(shards)
         self.hold_timeout_s = HOLD_TIMEOUT_S
         """How long a shard may take to acknowledge a hold, release or version."""
+        self._fleet: Any = None
+        """The trainer's HTTP sampler, once ``follow`` was called."""
+        self._fleet_task: asyncio.Task[None] | None = None
         self._folder = folder
         self._owner: dict[str, Shard] = {}
         self._next = 0
@@ -386,9 +391,42 @@ class GatewayShards:
 
     def follow(self, fleet: Any) -> None:
         """Move every shard's sampler with ``fleet``'s pushes (a ``core.trainer.fleet.Fleet``):
-        held and released by its pusher, told the probe's retirements after each push."""
+        held and released by its pusher, told the probe's retirements after each push, and
+        told within ``VIEW_INTERVAL_S`` which servers the trainer routes to (a server back
+        from unhealthy is re-pushed by the trainer before any shard routes to it)."""
         fleet.pusher.followers.append(self)
         fleet.after_push.append(self.announce)
+        self._fleet = fleet.sampler
+        self._fleet_task = asyncio.get_running_loop().create_task(self._watch_fleet(), name="tracerl-shards-fleet")
+
+    def _view(self) -> dict[str, Any]:
+        """The trainer's fleet as shards follow it: the servers it routes to, why the others
+        are out, and those it retired."""
+        pool = self._fleet.pool if self._fleet is not None else None
+        if pool is None:
+            return {}
+        serving = [s.url for s in pool.servers if s.healthy and not s.needs_weights]
+        out = {s.url: s.last_error or "unhealthy" for s in pool.servers if s.url not in serving}
+        return {"serving": serving, "out": out, "retired": {s.url: s.last_error for s in pool.retired}}
+
+    async def _watch_fleet(self) -> None:
+        """Tell the shards each change of ``_view`` (the trainer's health checks run for it)."""
+        sent: dict[str, Any] = {}
+        assert self._fleet is not None
+        while not self._http.is_closed:
+            try:
+                self._fleet.pool.ensure_health_checks(self._fleet.client())
+                view = self._view()
+                if view != sent:
+                    await asyncio.gather(*(
+                        self._tell(s, "/admin/sampler", view, "servers in rotation") for s in self.shards if s.alive
+                    ))
+                    sent = view
+            except Exception as exc:  # a bug here must not stop the shards' view for good
+                if self._http.is_closed:
+                    return
+                print(f"warning: telling the gateway shards the fleet's servers failed: {exc!r}", file=sys.stderr)
+            await asyncio.sleep(VIEW_INTERVAL_S)
 
     async def hold(self, version: int) -> None:
         """Every live shard's sampler holds (``POST /admin/sampler/hold``, answered once
@@ -402,11 +440,10 @@ class GatewayShards:
     async def release(self, report: Any) -> None:
         """After a push (``report``: a ``PushReport``, None when it failed): every live shard
         learns the version and the servers updated and retired, then samples again."""
-        body = (
-            {"weight_version": int(report.version), "retired": dict(report.retired), "updated": list(report.updated)}
-            if report is not None
-            else {}
-        )
+        body = self._view()
+        if report is not None:
+            retired = {**body.get("retired", {}), **dict(report.retired)}
+            body.update(weight_version=int(report.version), retired=retired, updated=list(report.updated))
         what = "release after the weight push" + (f" to version {report.version}" if report is not None else "")
         await asyncio.gather(*(self._tell(s, "/admin/sampler/release", body, what) for s in self.shards if s.alive))
 
@@ -443,6 +480,8 @@ class GatewayShards:
 
     async def aclose(self) -> None:
         """Stop every shard (stdin closed, then SIGTERM, then SIGKILL); idempotent."""
+        if self._fleet_task is not None:
+            self._fleet_task.cancel()
         await self._http.aclose()
         for shard in self.shards:
             if isinstance(shard, _Shard):
