@@ -91,9 +91,22 @@ def test_the_shared_entry_does_not_import_a_command() -> None:
 @pytest.mark.parametrize("group", ["algorithm", "task"])
 def test_every_yaml_option_of_a_group_composes(group: str, tmp_path: Path) -> None:
     conf = Path(__file__).parent.parent / "core" / "conf" / group
-    for option in sorted(p.stem for p in conf.glob("*.yaml")):
-        proc = _train("--cfg", "job", f"{group}={option}", cwd=tmp_path)
-        assert proc.returncode == 0, (option, proc.stderr)
+    options = sorted(p.stem for p in conf.glob("*.yaml"))
+    # all at once: independent processes, mostly imports, so a second core is not left idle
+    procs = {
+        option: subprocess.Popen([sys.executable, "-m", "core.train", "--cfg", "job", f"{group}={option}"],
+                                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for option in options
+    }
+    try:
+        for option, proc in procs.items():
+            _, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, (option, stderr)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 def test_both_commands_name_their_hydra_job_after_themselves(capsys: pytest.CaptureFixture[str]) -> None:

@@ -79,6 +79,27 @@ def _run(command: str, cwd: Path, *extra: str, env: dict[str, str] | None = None
     )
 
 
+def _run_all(commands: list[tuple[str, tuple[str, ...]]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
+    """``_run`` of each (command, extra arguments), all started at once: they are independent
+    processes, and a machine's second core would otherwise wait on each one's imports."""
+    procs = [
+        subprocess.Popen([sys.executable, *shlex.split(command)[1:], *extra], cwd=cwd, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for command, extra in commands
+    ]
+    try:
+        done = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
 @functools.cache
 def _plugins() -> Any:
     """The installed plugins, loaded once for the module's composes (loading reads every
@@ -162,21 +183,26 @@ def test_every_readme_command_is_run_or_accounted_for() -> None:
 def test_readme_commands_run(tmp_path: Path) -> None:
     """README's "Choosing things", run: the cheap ones as written, the trainings cut to 2 steps
     (their full runs are the learning tests': tests/learning)."""
+    jobs: list[tuple[str, Path | None, tuple[str, ...]]] = []  # (command, its run_dir when it trains, cut)
     for command in _choosing_things():
         if command in README_ELSEWHERE:
             continue
         if command in README_RUN_AS_WRITTEN:
-            proc = _run(command, tmp_path)
-            assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
+            jobs.append((command, None, ()))
             continue
         run_dir = tmp_path / f"run{abs(hash(command))}"
-        cut = ("trainer.max_steps=2", "trainer.eval_every=0", "trainer.progress=false", f"run_dir={run_dir}")
-        proc = _run(command, tmp_path, *cut)
+        jobs.append((command, run_dir, ("trainer.max_steps=2", "trainer.eval_every=0", "trainer.progress=false",
+                                        f"run_dir={run_dir}")))
+    procs = _run_all([(command, cut) for command, _, cut in jobs], tmp_path)
+    for (command, trains_in, _), proc in zip(jobs, procs, strict=True):
+        if trains_in is None:
+            assert proc.returncode == 0 and proc.stdout.strip(), (command, proc.stderr[-2000:])
+            continue
         assert proc.returncode == 0, (command, proc.stdout[-2000:], proc.stderr[-3000:])
         steps = re.findall(r"^step +(\d+)  reward \d\.\d{3}  failed 0  lp-gap ", proc.stdout, re.MULTILINE)
         assert steps == ["1", "2"], (command, proc.stdout)  # async lines add `stale m/M`
         assert proc.stdout.count(CONSOLE_LEGEND) == 1, proc.stdout
-        assert f"next: python -m core.view {run_dir}" in proc.stdout, proc.stdout
+        assert f"next: python -m core.view {trains_in}" in proc.stdout, proc.stdout
 
 
 def test_quickstart_names_only_scripts_that_exist() -> None:
