@@ -56,6 +56,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.gateway.pieces import piece_encoder
+
 __all__ = ["ChatRenderer", "InvalidText", "PromptTooLong", "ServedTurn", "TailUnsupported", "TemplateRefused"]
 
 _ANCHOR_USER = "\u2063tracerl-anchor-user\u2063"
@@ -219,6 +221,9 @@ class ChatRenderer:
         self.max_token_chars: int | None = _max_token_chars(tokenizer, self._backend, longest)
         """Most characters one token covers (``min_tokens``' divisor); None: no length bound."""
         self._longest_token = longest or 1
+        self._pieces = piece_encoder(self._backend) if self._backend is not None else None
+        """Encodes short texts as the tokenizer does, about five times faster (``core.gateway.pieces``);
+        None: the tokenizer encodes everything."""
         normalizer = getattr(self._backend, "normalizer", None)
         self._normalize: Any = getattr(normalizer, "normalize_str", None)
         # transformers' own compiled template (same sandbox, filters and globals as
@@ -329,12 +334,16 @@ class ChatRenderer:
 
         Long texts go through ``encode_batch``, which releases the GIL while the
         Rust encoder runs (``encode`` holds it), so a long prompt tokenized in a
-        worker thread does not stall the event loop.
+        worker thread does not stall the event loop. Shorter ones (a turn's new
+        messages) go through the piece encoder when the tokenizer has one
+        (``core.gateway.pieces``: the same ids, about a fifth of the CPU).
         """
         try:
             if self._backend is not None:
                 if len(text) > _BATCH_ENCODE_CHARS:
                     return list(self._backend.encode_batch([text], add_special_tokens=False)[0].ids)
+                if self._pieces is not None:
+                    return self._pieces.encode(text)
                 return list(self._backend.encode(text, add_special_tokens=False).ids)
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         except Exception as exc:
