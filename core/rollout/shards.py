@@ -415,7 +415,8 @@ class GatewayShards:
         assert self._fleet is not None
         while not self._http.is_closed:
             try:
-                self._fleet.pool.ensure_health_checks(self._fleet.client())
+                if not self._fleet.held:  # a sleeping fleet's checks stay off (core.samplers.sleep)
+                    self._fleet.pool.ensure_health_checks(self._fleet.client())
                 view = self._view()
                 if view != sent:
                     await asyncio.gather(*(

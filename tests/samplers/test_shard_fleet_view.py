@@ -81,3 +81,23 @@ def test_a_server_down_at_the_push_gets_no_shard_traffic_until_the_trainer_re_pu
     assert a.generate_hits() and b.generate_hits()  # a is back in the shard's rotation
     assert set(a.served_with) == {WEIGHTS}  # and never served a turn from its old weights
     assert {h.body["cache_salt"] for h in a.generate_hits() + b.generate_hits()} == {"tracerl-v7"}
+
+
+def test_the_trainer_checks_its_servers_for_the_shards_but_not_while_they_sleep() -> None:
+    """``follow`` starts the trainer's health checks (its sampler may never sample, and the
+    shards' view comes from them), except while the sampler is held: the servers sleep
+    (``sampler.sleep_during_train``) and a sleeping engine may fail a check."""
+    trainer = sampler_for("vllm", ["http://127.0.0.1:9"], health_interval_s=30)
+
+    async def go() -> None:
+        shards = GatewayShards([], "token", "")
+        trainer.hold()  # asleep
+        shards.follow(_Fleet(trainer, WeightPusher(trainer)))
+        await asyncio.sleep(0.2)
+        assert trainer.pool._task is None
+        trainer.release()
+        await wait_for(lambda: trainer.pool._task is not None, "the trainer's health checks")
+        await shards.aclose()
+        await trainer.aclose()
+
+    asyncio.run(go())
