@@ -104,7 +104,7 @@ class _LoopLag:
 
 
 def test_a_huge_prompt_slows_only_itself(make_harness: Any, byte_tokenizer: Any) -> None:
-    """A 540 kB count_tokens request of an unlimited session is tokenized (seconds with this
+    """A 1 MB count_tokens request of an unlimited session is tokenized (seconds with this
     tokenizer) while other sessions run turns back to back. Neither the gateway's event loop
     nor any other session's turn is held for a quarter of the huge request's time: a probe
     task on the loop (``_LoopLag``) never wakes that late, and no turn takes that long.
@@ -117,7 +117,7 @@ def test_a_huge_prompt_slows_only_itself(make_harness: Any, byte_tokenizer: Any)
     h = _default_harness(make_harness, byte_tokenizer)
     sids = [h.session() for _ in range(4)]
     huge_sid = h.session(max_context_tokens=0)
-    huge = {"model": "tiny", "messages": [{"role": "user", "content": "lorem ipsum " * 45_000}]}
+    huge = {"model": "tiny", "messages": [{"role": "user", "content": "lorem ipsum " * 90_000}]}
     url = h.server.base_url + "/chat/completions"
 
     async def run() -> tuple[list[float], float, float, int]:
@@ -154,7 +154,7 @@ def test_a_huge_prompt_slows_only_itself(make_harness: Any, byte_tokenizer: Any)
     finally:
         probe.stop()
     big_s = ended - started
-    assert counted > 250_000  # it really was tokenized, at about one token per two characters
+    assert counted > 500_000  # it really was tokenized, at about one token per two characters
     assert probe.samples and during, "the probe or the other sessions' turns never ran"
     worst_lag, worst_turn = probe.worst(started, ended), max(during)
     assert worst_lag < big_s / 4, (
@@ -164,7 +164,7 @@ def test_a_huge_prompt_slows_only_itself(make_harness: Any, byte_tokenizer: Any)
         f"a turn of another session took {worst_turn:.2f} s of the huge request's {big_s:.2f} s "
         f"({len(during)} turns during it)"
     )
-    assert big_s > 1, f"the huge request took only {big_s:.2f} s: too short to measure against"
+    assert big_s > 0.5, f"the huge request took only {big_s:.2f} s: too short to measure against"
 
 
 def test_oversized_prompt_is_refused_before_tokenizing(make_harness: Any, byte_tokenizer: Any) -> None:
