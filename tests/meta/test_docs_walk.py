@@ -23,6 +23,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,16 +254,54 @@ def test_bring_your_own_agent_runs_as_written(tmp_path: Path) -> None:
     assert "outputs/" in proc.stdout and list(tmp_path.glob("outputs/*/*/metrics.jsonl"))
 
 
+EXAMPLE_TEST = "test_each_example_trains_with_its_documented_command"
+
+
+def _example_command(task: str) -> str:
+    (command,) = [c for c in _train_commands(EXAMPLES.read_text()) if f"task={task} " in c]
+    return command
+
+
+@pytest.fixture(scope="module")
+def example_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[subprocess.Popen[str], Path]]]:
+    """The documented training of each example selected in this session, all started at the
+    first such test: independent processes, so the second one uses the core the first leaves idle."""
+    tasks = sorted({str(item.callspec.params["task"]) for item in request.session.items
+                    if isinstance(item, pytest.Function) and item.originalname == EXAMPLE_TEST})
+    runs: dict[str, tuple[subprocess.Popen[str], Path]] = {}
+    try:
+        for task in tasks:
+            folder = tmp_path_factory.mktemp(task)
+            argv = [sys.executable, *shlex.split(_example_command(task))[1:], f"run_dir={folder / 'run'}"]
+            with (folder / "stdout").open("w") as out, (folder / "stderr").open("w") as err:  # not pipes: nobody
+                # reads a run's output until its test comes up, and a full pipe would stop it
+                runs[task] = (subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=out, stderr=err, text=True), folder)
+        yield runs
+    finally:
+        for proc, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["math_agent", "strands_math_agent"])
-def test_each_example_trains_with_its_documented_command(task: str, tmp_path: Path) -> None:
-    (command,) = [c for c in _train_commands(EXAMPLES.read_text()) if f"task={task} " in c]
-    proc = _run(command, ROOT, f"run_dir={tmp_path / 'run'}")
+def test_each_example_trains_with_its_documented_command(
+    task: str, example_runs: dict[str, tuple[subprocess.Popen[str], Path]]
+) -> None:
+    command = _example_command(task)
+    started, folder = example_runs[task]
+    started.wait(timeout=300)
+    run_dir = folder / "run"
+    proc = subprocess.CompletedProcess(started.args, started.returncode, (folder / "stdout").read_text(),
+                                       (folder / "stderr").read_text())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = int(re.search(r"trainer\.max_steps=(\d+)", command).group(1))  # type: ignore[union-attr]
     _check_step_lines(proc.stdout, steps)
     _check_shown_lines(proc.stdout, _blocks(EXAMPLES.read_text(), "text")[0])
-    records = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "rollouts/total" in r]
     assert all(r["rollouts/ok"] == r["rollouts/total"] == 16 for r in train), train
     assert sum(r["turns/total"] for r in train) >= 48  # every rollout made its model call
