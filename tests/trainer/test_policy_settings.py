@@ -87,9 +87,14 @@ def test_read_policies_takes_typed_entries_and_empty_ones() -> None:
 # -- the update trains each policy with its own settings ----------------------------------
 
 
-class _StubGateway:
+class _SamplerRecorder:
+    """The gateway's one method the update calls: the policies whose new sampler it was handed."""
+
+    def __init__(self) -> None:
+        self.policies: list[str | None] = []
+
     def set_sampler(self, sampler: Any, *, policy: str | None = None) -> None:
-        pass
+        self.policies.append(policy)
 
 
 def _datums(backend: Any, n: int = 4) -> list[Datum]:
@@ -114,7 +119,7 @@ def _trainer(*overrides: str) -> tuple[Trainer, dict[str, Any]]:
     backends = {name: spec.factory(cfg) for name in ("up", "down")}
     trainer.policies = PolicyBackends(backends)
     trainer.backend = trainer.policies.default
-    trainer.gateway = _StubGateway()  # type: ignore[assignment]
+    trainer.gateway = _SamplerRecorder()  # type: ignore[assignment]
     return trainer, backends
 
 
@@ -151,6 +156,7 @@ def test_two_policies_with_other_learning_rates_move_by_other_amounts_on_the_sam
     assert moved["down"] / moved["up"] == pytest.approx(10.0, rel=0.02)
     assert metrics["policy/up/learning_rate"] == 0.001
     assert metrics["policy/down/learning_rate"] == 0.01
+    assert sorted(trainer.gateway.policies) == ["down", "up"]  # type: ignore[attr-defined]  # each pushed once
 
 
 def test_each_policys_loss_and_loss_config_reach_its_own_backend() -> None:
