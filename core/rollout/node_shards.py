@@ -47,6 +47,7 @@ from core.rollout.shards import (
     _Shard,
     _stop,
 )
+from core.runtime.ray.calls import awaitable, call_all
 from core.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ class NodeShards(GatewayShards):
             handles.append(remote.options(**options).remote(i, plain, files))
         try:
             async with asyncio.timeout(timeout_s + 30):
-                infos = await asyncio.gather(*(_awaitable(h.start.remote(timeout_s)) for h in handles))
+                infos = await asyncio.gather(*(awaitable(h.start.remote(timeout_s)) for h in handles))
         except BaseException as exc:
             for h in handles:
                 with contextlib.suppress(Exception):
@@ -266,7 +267,7 @@ class NodeShards(GatewayShards):
     async def _watch(self, shard: _NodeShard) -> None:
         """Learn when ``shard``'s process exits or its actor (or node) is lost."""
         try:
-            shard.exit_code = int(await _awaitable(shard.handle.wait_exit.remote()))
+            shard.exit_code = int(await awaitable(shard.handle.wait_exit.remote()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # RayActorError: the actor, its worker or its node died
@@ -293,22 +294,10 @@ class NodeShards(GatewayShards):
 
         if not ray.is_initialized():
             return  # the runtime left Ray: the actors went with this driver, their shards with them
-        stops = [asyncio.ensure_future(_awaitable(s.handle.stop.remote())) for s in self.node_shards if not s.lost]
-        if stops:
-            await asyncio.wait(stops, timeout=15.0)
-        for fut in stops:
-            if not fut.done():
-                fut.cancel()
-            elif not fut.cancelled():
-                fut.exception()  # retrieved: a lost actor cannot stop, it is killed below
+        await call_all([s.handle.stop.remote() for s in self.node_shards if not s.lost], timeout_s=15.0)
         for shard in self.node_shards:
             with contextlib.suppress(Exception):
                 ray.kill(shard.handle, no_restart=True)
-
-
-async def _awaitable(ref: Any) -> Any:
-    """Await a Ray ``ObjectRef`` (a coroutine, so that it can be gathered)."""
-    return await ref
 
 
 def _cause(exc: BaseException) -> str:

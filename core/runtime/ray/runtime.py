@@ -40,6 +40,7 @@ from core.runtime.ray._preflight import (
     check_private_ray_auth,
     check_ray_version,
 )
+from core.runtime.ray.calls import awaitable, call_all
 from core.runtime.ray.config import RayRuntimeConfig
 from core.types import RolloutRequest, RolloutResult, RolloutStatus
 
@@ -297,7 +298,7 @@ class RayRuntime(RuntimeBase):
         timeout = self.config.startup_timeout_s
         refs = [s.handle.ready.remote() for s in self._slots]
         done, pending = await asyncio.wait(
-            [asyncio.ensure_future(_awaitable(r)) for r in refs], timeout=timeout
+            [asyncio.ensure_future(awaitable(r)) for r in refs], timeout=timeout
         )
         for fut in pending:
             fut.cancel()
@@ -314,7 +315,7 @@ class RayRuntime(RuntimeBase):
         errors = [exc for fut in done if (exc := fut.exception()) is not None]
         if errors:
             raise RuntimeStartError(f"an agent actor failed to start: {_cause(errors[0])}")
-        infos = [await _awaitable(r) for r in refs]
+        infos = [await awaitable(r) for r in refs]
         for slot, info in zip(self._slots, infos, strict=True):
             slot.node_id = str(info.get("node_id", ""))
 
@@ -326,14 +327,7 @@ class RayRuntime(RuntimeBase):
             # Only actors that came up have agent servers to stop; one still waiting for a
             # node would hold the stop call until the timeout.
             started = [s for s in self._slots if s.node_id]
-            stops = [asyncio.ensure_future(_awaitable(s.handle.shutdown.remote())) for s in started]
-            if stops:
-                await asyncio.wait(stops, timeout=10.0)
-            for fut in stops:
-                if not fut.done():
-                    fut.cancel()
-                elif not fut.cancelled():
-                    fut.exception()  # retrieved: a dead actor cannot stop, it is killed below
+            await call_all([s.handle.shutdown.remote() for s in started], timeout_s=10.0)
             for slot in self._slots:
                 try:
                     ray.kill(slot.handle, no_restart=True)
@@ -425,7 +419,7 @@ class RayRuntime(RuntimeBase):
             ref = slot.handle.run.remote(request)
             try:
                 async with asyncio.timeout(request.timeout_s + self.config.call_grace_s):
-                    result, node_id = await _awaitable(ref)
+                    result, node_id = await awaitable(ref)
             except TimeoutError:
                 self._forward_cancel(slot, rid)
                 try:
@@ -505,7 +499,7 @@ class RayRuntime(RuntimeBase):
         while not self._closed:
             try:
                 async with asyncio.timeout(self.config.startup_timeout_s):
-                    info = await _awaitable(slot.handle.ready.remote())
+                    info = await awaitable(slot.handle.ready.remote())
             except errors.ActorDiedError as exc:
                 if not self._still_registered(slot):
                     slot.dead = True
@@ -531,11 +525,6 @@ class RayRuntime(RuntimeBase):
         except ValueError:
             return False
         return True
-
-
-async def _awaitable(ref: Any) -> Any:
-    """Await a Ray ``ObjectRef`` (a coroutine, so that it can be wrapped in a task)."""
-    return await ref
 
 
 def _cause(exc: BaseException) -> str:
