@@ -194,6 +194,9 @@ class StandIn:
     """Paths of generate requests that arrived while paused (a held sampler sends none)."""
     reload_s: float = 0.0
     """Seconds ``reload_weights`` takes (a real reload takes seconds to minutes)."""
+    reload_gate: threading.Event | None = None
+    """If given, ``reload_weights`` waits until it is set: a test holds the push (and the
+    pause around it) open for as long as it needs, not for a guessed time."""
     sleep_mode: str = "ok"
     """ok | off | no_wake (see the module docstring)."""
     sleeping: bool = False
@@ -361,6 +364,8 @@ class StandIn:
                 self._reload_path = body["args"][0]["model_config"]["model"]
             elif body.get("method") == "reload_weights" and self._reload_path:
                 await asyncio.sleep(self.reload_s)
+                while self.reload_gate is not None and not self.reload_gate.is_set():
+                    await asyncio.sleep(0.002)
                 self.weights = self._reload_path
             else:
                 return JSONResponse({"error": f"bad call {body!r}"}, status_code=400)

@@ -13,6 +13,7 @@ sampled it.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -103,20 +104,30 @@ def test_routed_experts_of_a_continued_generation_are_kept_per_part(make_standin
 
 
 def test_a_request_sent_during_the_push_waits_for_the_new_weights(make_standin: Any) -> None:
-    """Not sent mid-push under the old label: it goes out after the push with the new version."""
-    standin, url = make_standin(mode="decode", tick_s=0.01)
+    """Not sent mid-push under the old label: it goes out after the push with the new version.
+
+    The stand-in's reload waits for the test's gate, so the request is sent while the server
+    is certainly paused, however slowly this machine runs."""
+    gate = threading.Event()
+    standin, url = make_standin(mode="decode", tick_s=0.01, reload_gate=gate)
     sampler = sampler_for("vllm", [url], abort_on_push=True)
 
     async def go() -> Any:
-        running = asyncio.create_task(sampler.sample(PROMPT, LONG, session_id="a"))
-        await wait_for(lambda: standin.running == 1, "a running generation")
-        push = asyncio.create_task(WeightPusher(sampler).push(WEIGHTS, 7))
-        await wait_for(lambda: standin.paused, "the pause")
-        late = await sampler.sample(PROMPT, SamplingParams(max_tokens=4), session_id="b")
-        await push
-        await running
-        await sampler.aclose()
-        return late
+        try:
+            running = asyncio.create_task(sampler.sample(PROMPT, LONG, session_id="a"))
+            await wait_for(lambda: standin.running == 1, "a running generation")
+            push = asyncio.create_task(WeightPusher(sampler).push(WEIGHTS, 7))
+            await wait_for(lambda: standin.paused, "the pause")
+            late = asyncio.create_task(sampler.sample(PROMPT, SamplingParams(max_tokens=4), session_id="b"))
+            await asyncio.sleep(0.2)  # time to reach the server, were it not held
+            assert not late.done() and standin.paused_hits == []
+            gate.set()
+            await push
+            await running
+            return await late
+        finally:
+            gate.set()
+            await sampler.aclose()
 
     late = asyncio.run(go())
     assert late.weight_version == 7 and not late.segments
