@@ -215,16 +215,18 @@ class LocalRuntime(RuntimeBase):
             async with self._sem:
                 clock.restart()  # queueing for a slot is not the rollout's time
                 try:
+                    inv = await self._invocation(request)
+                except AgentFault as fault:
+                    return failed(rid, fault.status, str(fault), clock.elapsed())
+                # Nor is waiting for a process the runtime is restarting: under load a restart
+                # alone could use up the deadline.
+                clock.restart()
+                try:
                     async with asyncio.timeout(request.timeout_s):
-                        try:
-                            inv = await self._invocation(request)
-                        except AgentFault as fault:
-                            return failed(rid, fault.status, str(fault), clock.elapsed())
                         return await self._collect(inv, rid, clock)
                 except TimeoutError:
-                    if inv is not None:
-                        await self._cancel_remote(inv)
-                        await self._recycle_if_stuck(inv)
+                    await self._cancel_remote(inv)
+                    await self._recycle_if_stuck(inv)
                     return failed(
                         rid,
                         RolloutStatus.TIMEOUT,
