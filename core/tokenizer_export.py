@@ -12,23 +12,49 @@ tools, decoding. The parent loads the copy only when they agree; otherwise it
 loads with ``AutoTokenizer`` itself and says why. The child's torch is gone
 when it exits.
 
+The copy of a byte-pair-encoding tokenizer travels in pieces (``_write_split``):
+the vocabulary and merges in ``tokenizers``' own ``vocab.json``/``merges.txt`` formats,
+the rest of the pipeline and the added tokens in ``SPLIT_FILE``, and
+``added_tokens_decoder`` in ``tokenizer_config.json``. Why: the parent is a
+long-lived gateway, and its peak memory was the load. Deserializing a
+``tokenizer.json`` goes through serde's generic intermediate copies of the model
+(Qwen3's: about 125 MB above the 45 MB the loaded tokenizer keeps), and
+transformers' ``from_pretrained`` also parsed the whole file with Python's
+``json`` (about 75 MB more, alive at the same time) to read the added tokens a
+config without ``added_tokens_decoder`` does not list. ``BPE.from_file`` reads
+the two files directly (about 52 MB above). The child keeps the split form only
+when the rebuilt backend serializes exactly as the original (``to_str``), and
+the parent checks the same digest before it imports transformers, so what the
+gateway tokenizes with is the original's backend byte for byte.
+
 ``python -m core.tokenizer_export NAME_OR_PATH DEST`` runs the child side.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from core.tokenizer import build_tiny_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fingerprint", "first_difference", "load_tokenizer_without_torch"]
+__all__ = ["CopyDiffers", "SPLIT_FILE", "fingerprint", "first_difference", "load_tokenizer_without_torch"]
+
+SPLIT_FILE = "tracerl-split.json"
+"""In a copy ``export`` saved in pieces: the backend's pipeline (its BPE model without vocabulary and
+merges) and its added tokens; ``_SPLIT_PREFIX``-vocab.json and -merges.txt lie beside it."""
+_SPLIT_PREFIX = "tracerl"
+_BPE_OPTIONS = ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+                "byte_fallback", "ignore_merges")
+"""``BPE.from_file`` keyword arguments, read from the model's JSON; a model with any other key is
+not split (the rebuilt backend would differ, which the exact check also catches)."""
 
 PROBE_TEXTS = (
     "Hello world",
@@ -111,20 +137,133 @@ def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     return None
 
 
-def _load_copy(path: str) -> Any:
+class CopyDiffers(ValueError):
+    """The backend rebuilt from a split copy does not serialize as the original did."""
+
+
+def _digest(backend: Any) -> str:
+    """sha256 of a ``tokenizers.Tokenizer``'s serialization (vocabulary, merges, pipeline, added tokens)."""
+    return hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()
+
+
+def _split_paths(dest: str) -> tuple[Path, Path, Path]:
+    root = Path(dest)
+    return root / SPLIT_FILE, root / f"{_SPLIT_PREFIX}-vocab.json", root / f"{_SPLIT_PREFIX}-merges.txt"
+
+
+def _build_backend(dest: str) -> Any:
+    """The ``tokenizers.Tokenizer`` a split copy holds, built without parsing a ``tokenizer.json``.
+
+    The pipeline (normalizer, pre-tokenizer, post-processor, decoder, truncation,
+    padding) comes from ``SPLIT_FILE`` with an empty BPE model; the model is read
+    by ``BPE.from_file``; the added tokens are added in id order, so each gets its
+    id from the vocabulary or the next free one, as the original's did (checked by
+    the caller's digest).
+    """
+    from tokenizers import AddedToken, Tokenizer, models
+
+    split, vocab, merges = _split_paths(dest)
+    spec = json.loads(split.read_text(encoding="utf-8"))
+    pipeline = spec["pipeline"]
+    # None is the default of each optional setting, and BPE.from_file refuses it as a value
+    options = {k: v for k, v in pipeline["model"].items() if k in _BPE_OPTIONS and v is not None}
+    backend = Tokenizer.from_str(json.dumps(pipeline))
+    backend.model = models.BPE.from_file(str(vocab), str(merges), **options)
+    for token in sorted(spec["added_tokens"], key=lambda t: int(t["id"])):
+        added = AddedToken(token["content"], single_word=token["single_word"], lstrip=token["lstrip"],
+                           rstrip=token["rstrip"], normalized=token["normalized"], special=token["special"])
+        (backend.add_special_tokens if token["special"] else backend.add_tokens)([added])
+    return backend
+
+
+def _write_split(tokenizer: Any, dest: str) -> str | None:
+    """Child side: replace ``dest``'s ``tokenizer.json`` by its pieces when they rebuild the
+    backend exactly; the digest the rebuilt backend has, or None (``tokenizer.json`` kept).
+
+    Only a BPE model is split (``BPE.from_file``; other models have no such reader).
+    ``tokenizer_config.json`` gets ``added_tokens_decoder``, which transformers would
+    otherwise read from the ``tokenizer.json``.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.model).__name__ != "BPE":
+        return None
+    full = backend.to_str()
+    data = json.loads(full)
+    model = data.get("model") or {}
+    if model.get("type") != "BPE" or set(model) - {"type", "vocab", "merges", *_BPE_OPTIONS}:
+        return None
+    added = data.get("added_tokens") or []
+    data["model"] = {**model, "vocab": {}, "merges": []}
+    data["added_tokens"] = []
+    split, vocab, merges = _split_paths(dest)
+    written = [Path(p) for p in backend.model.save(dest, _SPLIT_PREFIX)]
+    split.write_text(json.dumps({"pipeline": data, "added_tokens": added}), encoding="utf-8")
+    try:
+        same = {vocab, merges} == set(written) and _build_backend(dest).to_str() == full
+    except Exception:  # a pipeline the pieces cannot rebuild: keep tokenizer.json
+        same = False
+    if not same:
+        for path in (split, *written):
+            path.unlink(missing_ok=True)
+        return None
+    (Path(dest) / "tokenizer.json").unlink()
+    config_path = Path(dest) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.setdefault("added_tokens_decoder", {  # as from_pretrained read it from tokenizer.json
+        str(token["id"]): {k: token[k] for k in ("content", "single_word", "lstrip", "rstrip", "normalized", "special")}
+        for token in added
+    })
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    return hashlib.sha256(full.encode("utf-8")).hexdigest()
+
+
+class _Adopted:
+    """Hands a built backend to transformers without a copy: its ``__init__`` deep-copies
+    ``tokenizer_object``, and a ``tokenizers.Tokenizer`` copies through its JSON, which is
+    the deserialization the split form avoids."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return self.backend
+
+
+def _load_copy(path: str, *, digest: str | None = None) -> Any:
+    """The tokenizer ``export`` saved at ``path``, as transformers' generic fast class.
+
+    A split copy's backend is built first, and checked against ``digest`` when one
+    is given, before transformers is imported: the build's transient memory then sits
+    below what the imports add. Raises ``CopyDiffers`` when the digest differs.
+    """
+    backend = None
+    if _split_paths(path)[0].is_file():
+        backend = _build_backend(path)
+        if digest is not None and _digest(backend) != digest:
+            raise CopyDiffers(f"the backend rebuilt from {path} does not serialize as the original's")
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast.from_pretrained(path)
+    if backend is None:
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path, tokenizer_object=_Adopted(backend))
+    if tokenizer.backend_tokenizer is not backend:  # transformers no longer copies: not this backend
+        raise CopyDiffers(f"transformers did not adopt the backend rebuilt from {path}")
+    return tokenizer
 
 
 def export(name_or_path: str, dest: str) -> dict[str, Any]:
-    """Child side: load with ``AutoTokenizer``, save to ``dest``, check the copy; a JSON-able verdict."""
+    """Child side: load with ``AutoTokenizer``, save to ``dest`` (in pieces when they rebuild
+    it exactly), check the copy; a JSON-able verdict."""
     original = load_tokenizer(name_or_path)
     original.save_pretrained(dest)
+    digest = _write_split(original, dest)
     expected = fingerprint(original)
-    difference = first_difference(expected, fingerprint(_load_copy(dest)))
+    try:
+        difference = first_difference(expected, fingerprint(_load_copy(dest, digest=digest)))
+    except CopyDiffers:
+        difference = "backend"
     return {"ok": difference is None, "difference": difference, "fingerprint": expected,
-            "class": type(original).__name__}
+            "class": type(original).__name__, "digest": digest}
 
 
 def load_tokenizer_without_torch(name_or_path: str, *, timeout_s: float = 600.0) -> Any:
@@ -161,7 +300,11 @@ def load_tokenizer_without_torch(name_or_path: str, *, timeout_s: float = 600.0)
             log.warning("tokenizer %s (%s): its torch-free copy differs in %r; loading it with AutoTokenizer",
                         name_or_path, verdict["class"], verdict["difference"])
             return load_tokenizer(name_or_path)
-        tokenizer = _load_copy(dest)
+        try:
+            tokenizer = _load_copy(dest, digest=verdict.get("digest"))
+        except CopyDiffers as exc:
+            log.warning("tokenizer %s: %s; loading it with AutoTokenizer", name_or_path, exc)
+            return load_tokenizer(name_or_path)
     difference = first_difference(verdict["fingerprint"], json.loads(json.dumps(fingerprint(tokenizer))))
     if difference is not None:
         log.warning("tokenizer %s: the copy loaded here differs in %r; loading it with AutoTokenizer",

@@ -267,3 +267,99 @@ def test_load_tokenizer_gives_a_mistral_checkpoint_a_chat_template(tmp_path: Pat
     tok = load_tokenizer(str(tmp_path))
     assert "[TOOL_CALLS]" in tok.chat_template
     assert tok.decode(tok.encode("calculator", add_special_tokens=False)) == "calculator"
+
+
+def test_a_bpe_copy_travels_in_pieces_and_rebuilds_the_original_backend(
+    dirs: dict[str, Path], tmp_path: Path,
+) -> None:
+    """``export`` saves a BPE tokenizer as its vocabulary, merges and pipeline (no
+    ``tokenizer.json``, which costs a loader several times the tokenizer's memory to parse), and
+    the backend rebuilt from them serializes exactly as the one ``AutoTokenizer`` loaded."""
+    import core.tokenizer_export as export
+
+    dest = tmp_path / "copy"
+    verdict = export.export(str(dirs["llama3"]), str(dest))
+    assert verdict["ok"] and verdict["digest"]
+    assert (dest / export.SPLIT_FILE).is_file() and not (dest / "tokenizer.json").exists()
+    assert "added_tokens_decoder" in json.loads((dest / "tokenizer_config.json").read_text(encoding="utf-8"))
+    copy = export._load_copy(str(dest), digest=verdict["digest"])
+    assert copy.backend_tokenizer.to_str() == load_tokenizer(str(dirs["llama3"])).backend_tokenizer.to_str()
+    with pytest.raises(export.CopyDiffers):
+        export._load_copy(str(dest), digest="0" * 64)
+
+
+def test_a_copy_whose_backend_rebuilds_differently_here_falls_back(
+    dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The child's pieces rebuild to another digest in the caller: it loads with AutoTokenizer, and says why."""
+    import core.tokenizer_export as export
+
+    def fake_child(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        verdict = export.export(args[-2], args[-1])
+        verdict["digest"] = "0" * 64
+        return subprocess.CompletedProcess(args, 0, json.dumps(verdict) + "\n", "")
+
+    monkeypatch.setattr(export.subprocess, "run", fake_child)
+    with caplog.at_level(logging.WARNING, logger="core.tokenizer_export"):
+        tok = load_tokenizer_without_torch(str(dirs["qwen2"]))
+    assert "does not serialize as the original's" in caplog.text
+    assert tok.backend_tokenizer.to_str() == load_tokenizer(str(dirs["qwen2"])).backend_tokenizer.to_str()
+
+
+def test_a_tokenizer_that_is_not_bpe_keeps_its_tokenizer_json(tmp_path: Path) -> None:
+    """Only a BPE model has a file reader (``BPE.from_file``); a word-level one travels whole."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    import core.tokenizer_export as export
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")  # type: ignore[no-untyped-call]
+    tok.save_pretrained(str(tmp_path))
+    assert export._write_split(tok, str(tmp_path)) is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("tracerl", "tokenizer."))) == ["tokenizer.json"]
+    assert export._load_copy(str(tmp_path)).encode("a b c", add_special_tokens=False) == [0, 1, 2]
+
+
+_PEAK_MB = 145
+"""Bound on the served gateway's ``VmHWM`` with Qwen3's tokenizer (see the test below)."""
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_gateway_with_qwen3s_tokenizer_peaks_under_its_memory_bound() -> None:
+    """``python -m core.gateway --tokenizer QWEN3_DIR`` serves a turn with its peak resident
+    memory (``VmHWM``, from start) under ``_PEAK_MB``.
+
+    Why this bound: docs/performance.md's target is a gateway process under 150 MB at its peak
+    with 256 sessions of ~1k tokens held, which the benchmark measures; those sessions add about
+    11 MB to the ~131 MB this start and turn reached (2026-12-02). Before the tokenizer copy
+    travelled in pieces, the load alone peaked at 277-285 MB (``tokenizer.json`` parsed by Python's
+    ``json`` and by ``tokenizers``' generic deserializer at once), and reading the vocabulary with
+    ``get_vocab()`` added 26 MB more after it; either regression passes the bound. Resident memory
+    does not depend on the machine's load the way timings do, so the margin (about 14 MB) covers
+    allocator noise, not contention.
+    """
+    import openai
+
+    from tests.gateway.families import FAMILIES, files
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "core.gateway", "--tokenizer", str(files(FAMILIES["qwen3"])), "--reply", "pong"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
+            out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
+        assert out.choices[0].message.content == "pong"
+        status = Path(f"/proc/{proc.pid}/status").read_text(encoding="utf-8")
+        peak_mb = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+        assert peak_mb < _PEAK_MB, f"the gateway peaked at {peak_mb:.0f} MB resident (bound {_PEAK_MB} MB)"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
