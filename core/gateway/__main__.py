@@ -22,7 +22,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from core.gateway.config import GatewayConfig
@@ -62,6 +64,42 @@ def _parser() -> argparse.ArgumentParser:
                    help="top-level request field to drop before a request is read (repeatable; "
                         "gateway.ignore_request_fields, docs/gateway.md Request fields)")
     return p
+
+
+LOOP_ENV = "TRACERL_GATEWAY_LOOP"
+"""Environment variable choosing the event loop of a ``python -m core.gateway`` process:
+``auto`` (uvloop when installed, the default) or ``asyncio`` (the standard library's)."""
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (and ``TRACERL_GATEWAY_LOOP`` is not ``asyncio``), else None.
+
+    Why: the event loop's own work per turn (reading the request off the socket, the
+    callbacks that wake each turn's task, writing the response) is a fifth of the
+    gateway's CPU on the asyncio loop written in Python; uvloop does it in C
+    (docs/performance.md, "gateway_agent"). Without uvloop the gateway runs on asyncio.
+    """
+    choice = os.environ.get(LOOP_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "asyncio"):
+        raise SystemExit(f"{LOOP_ENV} must be 'auto' or 'asyncio', got {choice!r}")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+def _loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the running event loop's kind (the startup line reports it)."""
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)`` on ``_loop_factory()``'s loop; Ctrl-C ends it quietly."""
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main)
 
 
 def _delay(text: str) -> float | tuple[float, float]:
@@ -126,7 +164,8 @@ async def _serve(args: argparse.Namespace) -> None:
     # GatewayServer.start() applied core.gateway.server.tune_gc() (frozen heap, higher GC threshold).
     sids = [gw.create_session(sampling=SamplingParams(max_tokens=args.max_tokens)) for _ in range(args.sessions)]
     print(json.dumps({"base_url": server.base_url, "root_url": server.root_url,
-                      "admin_token": server.admin_token, "sessions": sids, "model": model_id}), flush=True)
+                      "admin_token": server.admin_token, "sessions": sids, "model": model_id,
+                      "loop": _loop_name()}), flush=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -177,12 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("spec", help="the shard spec the trainer wrote (core.rollout.shards.ShardSpec)")
         p.add_argument("--port", type=int, default=0)
         shard = p.parse_args(argv[1:])
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve_shard(shard.spec, shard.port))
+        _run(_serve_shard(shard.spec, shard.port))
         return 0
     args = _parser().parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args))
+    _run(_serve(args))
     return 0
 
 

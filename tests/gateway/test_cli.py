@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -10,17 +12,24 @@ import httpx
 import openai
 import pytest
 
+from core.gateway.__main__ import LOOP_ENV, _loop_factory
+
+HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
+
 
 @pytest.mark.integration
-def test_cli_serves_and_shows_traces() -> None:
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])
+def test_cli_serves_and_shows_traces(loop: str) -> None:
+    """On uvloop when it is installed (``auto``), and on the standard library's loop."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "core.gateway", "--reply", "pong", "--sessions", "1",
          "--ignore-request-field", "x_client_tag"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, env={**os.environ, LOOP_ENV: loop},
     )
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
+        assert info["loop"] == ("uvloop" if loop == "auto" and HAS_UVLOOP else "asyncio")
         admin = {"authorization": f"Bearer {info['admin_token']}"}
         with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
             out = client.chat.completions.create(
@@ -42,3 +51,23 @@ def test_cli_serves_and_shows_traces() -> None:
         if proc.stdout is not None:
             proc.stdout.close()
     assert proc.returncode is not None
+
+
+def test_loop_factory_falls_back_to_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop absent (or ``TRACERL_GATEWAY_LOOP=asyncio``): the standard loop; a bad value is refused."""
+    monkeypatch.setenv(LOOP_ENV, "asyncio")
+    assert _loop_factory() is None
+    monkeypatch.setenv(LOOP_ENV, "auto")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # what an uninstalled module imports as
+    assert _loop_factory() is None
+    monkeypatch.setenv(LOOP_ENV, "uv")
+    with pytest.raises(SystemExit, match="TRACERL_GATEWAY_LOOP must be 'auto' or 'asyncio', got 'uv'"):
+        _loop_factory()
+
+
+@pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed")
+def test_loop_factory_picks_uvloop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    monkeypatch.delenv(LOOP_ENV, raising=False)
+    assert _loop_factory() is uvloop.new_event_loop
