@@ -84,6 +84,23 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data, ensure_ascii=False).encode(), status_code=status, media_type="application/json")
 
 
+def _reply_json(data: dict[str, Any]) -> Response:
+    """A turn's reply object as a 200 JSON response, written by orjson (compact, UTF-8).
+
+    Why: a turn's reply is serialized every turn; orjson takes a microsecond where
+    ``json.dumps`` takes about ten. Only for objects whose floats are finite (a
+    turn's logprobs are checked finite in ``Gateway._sample``): orjson writes NaN
+    and infinities as ``null`` where ``json`` writes ``NaN``/``Infinity``. What
+    orjson refuses (integers past 64 bits, lone surrogates, non-string keys) is
+    written by ``_json``, as before.
+    """
+    try:
+        body = orjson.dumps(data)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return _json(data)
+    return Response(body, media_type="application/json")
+
+
 def _session_id(request: Request) -> str:
     sid = request.path_params.get("sid")
     if sid:
@@ -272,7 +289,7 @@ def build_app(gateway: Gateway) -> HotRoutes:
         result = await _guarded(request, gateway.run_turn(sid, req))
         if stream:
             return _flagged(_sse(chat_stream_events(result, gateway.model_id, include_usage)), result)
-        return _flagged(_json(chat_response(result, gateway.model_id)), result)
+        return _flagged(_reply_json(chat_response(result, gateway.model_id)), result)
 
     async def messages(request: Request) -> Response:
         sid = _session_id(request)
@@ -284,7 +301,9 @@ def build_app(gateway: Gateway) -> HotRoutes:
         result = await _guarded(request, gateway.run_turn(sid, req))
         if stream:
             return _flagged(_sse(messages_stream_events(result, gateway.model_id)), result)
-        return _flagged(_json(messages_response(result, gateway.model_id)), result)
+        # A tool_use block's input is the model's JSON as parsed, which may hold an infinity.
+        reply = messages_response(result, gateway.model_id)
+        return _flagged(_json(reply) if result.tool_calls else _reply_json(reply), result)
 
     async def responses(request: Request) -> Response:
         sid = _session_id(request)
