@@ -75,6 +75,9 @@ class Invocation:
     """GRPO group (the toolkit's ``input_id``)."""
     remote_id: str = ""
     """The agent's own id for the invocation when it can be cancelled (S3 channel)."""
+    pid: int | None = None
+    """``proc.pid`` when it started: named in the error if the process dies and is restarted
+    before the rollout learns of it (then ``proc.pid`` is the new process's)."""
 
 
 @dataclass(frozen=True)

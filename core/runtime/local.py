@@ -250,6 +250,7 @@ class LocalRuntime(RuntimeBase):
         return Invocation(
             proc=proc,
             generation=proc.generation,
+            pid=proc.pid,
             session_id=request.session_id,
             invocation_id=uuid.uuid4().hex,
             payload=self._payload(request),
@@ -298,7 +299,9 @@ class LocalRuntime(RuntimeBase):
             await asyncio.sleep(0.05)
         elapsed = clock.elapsed()
         if inv.generation != proc.generation:
-            what = self._replaced(inv, f"agent process {proc.index} dropped the connection")
+            what = self._replaced(
+                inv, f"agent process {proc.index} (pid {inv.pid}) dropped the connection mid-rollout and was restarted"
+            )
         elif proc.proc is not None and proc.proc.poll() is not None:
             what = f"agent process {proc.index} (pid {proc.pid}) exited with code {proc.proc.returncode} mid-rollout"
             self._schedule_restart(proc)
