@@ -104,7 +104,9 @@ def test_a_weight_sync_interrupts_a_turn_that_goes_on_under_the_new_weights(make
     out = run(backend.forward_backward([make_datum(prompt, result)], "cross_entropy"))
     trainer = out.logprobs[0][len(prompt) - 1 :]
     k = old.end - old.start
-    assert trainer[k:] == pytest.approx(result.logprobs[k:], abs=1e-4)
+    # 1e-3: the trainer's full-sequence forward and the sampler's cached decode round float32
+    # differently by CPU (1.03e-4 seen on one); the old weights' tokens differ by over 0.1.
+    assert trainer[k:] == pytest.approx(result.logprobs[k:], abs=1e-3)
     assert max(abs(a - b) for a, b in zip(trainer[:k], result.logprobs[:k], strict=True)) > 0.1
 
 
