@@ -114,7 +114,9 @@ def test_a_huge_prompt_slows_only_itself(make_harness: Any, byte_tokenizer: Any)
     held the loop for the whole tokenization: the probe's worst wake-up and the turn in
     flight were late by about the request's whole time (a ratio near 1, against 0.25 here).
     """
-    h = _default_harness(make_harness, byte_tokenizer)
+    # The small sessions run turns for as long as the huge request lasts, which on a fast
+    # machine is more than the default 1024 turns of one session (0: no cap).
+    h = _default_harness(make_harness, byte_tokenizer, max_turns_per_session=0)
     sids = [h.session() for _ in range(4)]
     huge_sid = h.session(max_context_tokens=0)
     huge = {"model": "tiny", "messages": [{"role": "user", "content": "lorem ipsum " * 90_000}]}
