@@ -1,13 +1,14 @@
 """Overlap test_learning.py's training runs with the rest of the session.
 
 The learning test's runs are subprocesses that need minutes of CPU while the
-rest of the suite mostly keeps one core busy. When its learning tests are
-selected, they move to the end of the session and their runs start as soon as
-collection ends, so on a 2-core machine they use the core the other tests
-leave idle; by the time the learning tests come up, most of the training is
-done. What the tests assert is unchanged. (Not at a lower priority: on a
-machine shared with other jobs a niced run starves, and the session then
-waits for it at the end.)
+rest of the session (``python -m pytest -m long``) mostly keeps one core busy.
+When its learning tests are selected, they move to the end of the session and
+their runs start as soon as collection ends, so on a 2-core machine they use
+the core the other tests leave idle; by the time the learning tests come up,
+most of the training is done. Under pytest-xdist (``-n``) they move to the
+front instead (``pytest_collection_modifyitems``). What the tests assert is
+unchanged. (Not at a lower priority: on a machine shared with other jobs a
+niced run starves, and the session then waits for it at the end.)
 """
 
 from __future__ import annotations
@@ -31,16 +32,28 @@ def _module(items: list[pytest.Item]) -> ModuleType | None:
     return None
 
 
+def _xdist_worker(config: pytest.Config) -> bool:
+    """This process is one of pytest-xdist's workers (``-n``), each of which collects every test."""
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The learning tests last (in their own order): they wait for runs started at collection end."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The learning tests last (in their own order): they wait for runs started at collection end.
+
+    Under pytest-xdist they go first instead. Every worker collects every test, so none can
+    start the runs at collection; the worker that is handed this module starts them from the
+    ``runs`` fixture, and the earlier that is, the more of the session they overlap.
+    """
     learning = [item for item in items if _learning(item)]
-    if learning:
-        items[:] = [item for item in items if not _learning(item)] + learning
+    if not learning:
+        return
+    rest = [item for item in items if not _learning(item)]
+    items[:] = learning + rest if _xdist_worker(config) else rest + learning
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly:
+    if session.config.option.collectonly or _xdist_worker(session.config):
         return
     module = _module(session.items)
     if module is not None:

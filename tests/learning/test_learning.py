@@ -30,12 +30,18 @@ syncs while rollouts are in flight, so a sampler that never updates could pass
 for staleness). The other two break ``build_signal`` (advantage sign, loss
 mask), which both modes call the same way on each group, so sync covers them.
 
-Issue #28 asks that async keep the hard cases. One more async resume runs on
+Issue #28 asks that async keep the hard cases, and that async learn from the
+same state as sync does. One async resume (``max_staleness=1``) runs on
 benchmarks/async_loop.py's correlated workload: each rollout waits a seeded
 delay after its model call, five times longer when its reply is wrong, so the
 groups that carry a signal (some replies wrong) finish last, as an agent's
 failures that loop to the turn cap do. Async must train them (nothing dropped,
-as large a share of groups with a signal as sync trains) and still learn.
+as large a share of groups with a signal as sync trains) and still learn. A
+plain async resume without delays would prove less with the same 75 steps.
+
+The runs need about 25 minutes of CPU (some 700 training steps of 256 rollouts),
+so these tests are marked ``long``: README's test command leaves them out and
+``python -m pytest -m long`` (which CI runs) includes them.
 """
 
 from __future__ import annotations
@@ -65,8 +71,6 @@ STEPS = 250
 RESUME_AT = 175
 """Where the sabotaged runs start: the healthy run is still below 0.05 here."""
 WINDOW = 10
-ASYNC = "async-max-staleness-1"
-"""The healthy run's step-175 state resumed in ``trainer.mode=async`` (max_staleness=1)."""
 LEARNING_JOBS = max(1, int(os.environ.get("TRACERL_LEARNING_JOBS", "2")))
 ASYNC_OVERRIDES = ("trainer.mode=async", "trainer.max_staleness=1")
 CORRELATED = "async-correlated-failures"
@@ -134,7 +138,6 @@ class LearningRuns:
             "none": healthy,
             **{s: self._pool.submit(self._sabotaged, s, healthy, *extra) for s, extra in SABOTAGES.items()},
         }
-        self.futures[ASYNC] = self._pool.submit(self._sabotaged, "none", healthy, *ASYNC_OVERRIDES, name=ASYNC)
         self.futures[CORRELATED] = self._pool.submit(
             self._sabotaged, "none", healthy, *CORRELATED_OVERRIDES, name=CORRELATED
         )
@@ -228,7 +231,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
     return {variant: records for variant, (records, _) in results.items()}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(SLOW_TIMEOUT_S)
 def test_default_task_learns_far_above_baseline(runs: dict[str, Records]) -> None:
     records = runs["none"]
@@ -242,7 +245,7 @@ def test_default_task_learns_far_above_baseline(runs: dict[str, Records]) -> Non
     assert gaps and max(gaps) < 1e-3  # sampler and trainer agree: same weights, same temperature
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(SLOW_TIMEOUT_S)
 @pytest.mark.parametrize("sabotage", SABOTAGES)
 def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]) -> None:
@@ -261,24 +264,6 @@ def test_sabotaged_variants_do_not_learn(sabotage: str, runs: dict[str, Records]
             assert any(r["async/staleness_max"] == 1 for r in records)  # and trained off-policy
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(SLOW_TIMEOUT_S)
-def test_async_training_learns_from_the_same_state(runs: dict[str, Records]) -> None:
-    """Resumed from the healthy run's checkpoint in trainer.mode=async with max_staleness=1,
-    training on rollouts mostly one step old (behaviour-policy ratio), it learns as well."""
-    records = runs[ASYNC]
-    assert [r["step"] for r in records] == list(range(RESUME_AT + 1, STEPS + 1))
-    final = window_mean(records, STEPS)
-    print(f"{ASYNC}: {final:.3f} at step {STEPS}; healthy {window_mean(runs['none'], STEPS):.3f}")
-    # The pool's room bounds staleness at admission and nothing is dropped for it, so a
-    # straggler may train older than max_staleness (its tokens corrected by tis_cap):
-    # that must stay the exception, most steps train within the bound.
-    beyond = [r["step"] for r in records if r["async/staleness_max"] > 1]
-    assert len(beyond) <= len(records) // 10, beyond
-    assert any(r["async/staleness_max"] == 1 for r in records)  # it did train off-policy
-    assert final >= 0.8
-
-
 def signal_share(records: Records) -> float:
     """Share of the groups trained that had a signal (neither constant nor too small)."""
     groups = sum(r["groups/total"] for r in records)
@@ -286,7 +271,7 @@ def signal_share(records: Records) -> float:
     return (groups - silent) / groups
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(SLOW_TIMEOUT_S)
 def test_async_trains_the_slow_failures_and_learns(runs: dict[str, Records]) -> None:
     """Resumed in async where wrong replies take five times longer: the groups with a signal
@@ -300,6 +285,7 @@ def test_async_trains_the_slow_failures_and_learns(runs: dict[str, Records]) -> 
     assert sum(r["rollouts/trained"] for r in records) == sum(r["rollouts/total"] for r in records)
     # The slow ones trained late, one or more steps old: they were kept, not skipped.
     assert any(r["async/group_staleness_max"] >= 1 for r in records)
+    assert any(r["async/staleness_max"] == 1 for r in records)  # it trained off-policy, and learned:
     share, sync_share = signal_share(records), signal_share(healthy)
     final = window_mean(records, STEPS)
     print(f"{CORRELATED}: {final:.3f} at step {STEPS}; groups with a signal {share:.2f} (sync {sync_share:.2f})")

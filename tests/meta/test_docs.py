@@ -32,7 +32,7 @@ def test_every_hook_is_documented_for_plugin_authors() -> None:
 
 
 SETUP_AND_TRAIN = "bash scripts/setup.sh && source .venv/bin/activate && python -m core.train"
-SETUP_AND_TEST = "bash scripts/setup.sh test && source .venv/bin/activate && python -m pytest"
+SETUP_AND_TEST = "bash scripts/setup.sh test && source .venv/bin/activate && python -m pytest -n auto --dist loadfile"
 """README's two commands (tests/meta/test_readme_commands.py runs them in a fresh copy)."""
 
 

@@ -66,7 +66,7 @@ def _bash(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
 def test_readme_commands_work_in_a_fresh_checkout(tmp_path: Path) -> None:
     train = _readme_command("bash scripts/setup.sh && ")
     test = _readme_command("bash scripts/setup.sh test && ")
-    assert train.endswith("python -m core.train") and test.endswith("python -m pytest")
+    assert train.endswith("python -m core.train") and test.endswith("python -m pytest -n auto --dist loadfile")
     assert sys.prefix != sys.base_prefix, "run from a virtual environment, so that this test can leave it"
     repo = _fresh_copy(tmp_path / "tracerl")
     env = _user_shell_env()
