@@ -359,8 +359,10 @@ def seeds(out: Path) -> dict[str, Any]:
 
 
 def test_suite(out: Path) -> dict[str, Any]:
-    """The whole ``python -m pytest`` (README's test-time figure)."""
-    code, wall, log = _python(["-m", "pytest", "-q", "-p", "no:cacheprovider"], out, "test_suite")
+    """README's test command, ``python -m pytest -n auto --dist loadfile`` (its test-time figure)."""
+    code, wall, log = _python(
+        ["-m", "pytest", "-n", "auto", "--dist", "loadfile", "-q", "-p", "no:cacheprovider"], out, "test_suite"
+    )
     summary = [ln for ln in log.splitlines() if re.search(r"\d+ passed", ln)]
     return {"exit_code": code, "wall_s": round(wall, 1), "summary": summary[-1:] or log[-500:]}
 
@@ -418,7 +420,8 @@ FIGURES = [
         "15-25 min", seeds, expensive=True,
     ),
     Figure(
-        "test_suite", "python -m pytest", ["README.md", "docs/architecture.md"], "7-10 min", test_suite, expensive=True
+        "test_suite", "python -m pytest -n auto --dist loadfile", ["README.md", "docs/architecture.md"], "10-15 min",
+        test_suite, expensive=True,
     ),
 ]
 
