@@ -27,7 +27,11 @@ when the rebuilt backend serializes exactly as the original (``to_str``), and
 the parent checks the same digest before it imports transformers, so what the
 gateway tokenizes with is the original's backend byte for byte.
 
-``python -m core.tokenizer_export NAME_OR_PATH DEST`` runs the child side.
+``save_copy`` and ``load_checked_copy`` are the two sides (save in pieces and
+return the digest; load, check the digest and the fingerprint, or fall back with
+a warning); the trainer ships its gateway shards their tokenizer the same way
+(``core.rollout.shards``). ``python -m core.tokenizer_export NAME_OR_PATH DEST``
+runs the child side.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +50,10 @@ from core.tokenizer import build_tiny_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CopyDiffers", "SPLIT_FILE", "fingerprint", "first_difference", "load_tokenizer_without_torch"]
+__all__ = [
+    "CopyDiffers", "SPLIT_FILE", "fingerprint", "first_difference", "load_checked_copy", "load_tokenizer_without_torch",
+    "save_copy",
+]
 
 SPLIT_FILE = "tracerl-split.json"
 """In a copy ``export`` saved in pieces: the backend's pipeline (its BPE model without vocabulary and
@@ -239,8 +247,11 @@ def _load_copy(path: str, *, digest: str | None = None) -> Any:
     backend = None
     if _split_paths(path)[0].is_file():
         backend = _build_backend(path)
-        if digest is not None and _digest(backend) != digest:
-            raise CopyDiffers(f"the backend rebuilt from {path} does not serialize as the original's")
+        if digest is not None and (rebuilt := _digest(backend)) != digest:
+            raise CopyDiffers(
+                f"the backend rebuilt from {path} does not serialize as the original's "
+                f"(sha256 {rebuilt[:12]}..., the original's {digest[:12]}...)"
+            )
     from transformers import PreTrainedTokenizerFast
 
     if backend is None:
@@ -251,12 +262,50 @@ def _load_copy(path: str, *, digest: str | None = None) -> Any:
     return tokenizer
 
 
+def save_copy(tokenizer: Any, dest: str) -> str | None:
+    """Save ``tokenizer`` to ``dest`` for ``load_checked_copy``: in pieces when they rebuild its
+    backend exactly (the sha256 returned is what the loader checks), else whole (None).
+
+    The gateway's child saves its copy with this; so does the trainer for its gateway shards
+    (``core.rollout.shards.shard_spec``).
+    """
+    tokenizer.save_pretrained(dest)
+    return _write_split(tokenizer, dest)
+
+
+def load_checked_copy(
+    dest: str, expected: dict[str, Any], *, digest: str | None, name: str,
+    fallback: Callable[[], Any], fallback_name: str = "AutoTokenizer",
+) -> Any:
+    """The tokenizer ``save_copy`` saved at ``dest``, when it reproduces the original; else
+    ``fallback()``, with a warning naming what differed.
+
+    Args:
+        dest: The copy's directory.
+        expected: The original's ``fingerprint`` (JSON-shaped).
+        digest: What ``save_copy`` returned: a split copy must rebuild to it.
+        name: The tokenizer as the warning names it.
+        fallback: Loads the tokenizer another way (called when the copy differs).
+        fallback_name: That way, as the warning names it.
+    """
+    try:
+        tokenizer = _load_copy(dest, digest=digest)
+    except CopyDiffers as exc:
+        log.warning("tokenizer %s: %s; loading it with %s", name, exc, fallback_name)
+        return fallback()
+    difference = first_difference(expected, json.loads(json.dumps(fingerprint(tokenizer))))
+    if difference is not None:
+        log.warning("tokenizer %s: the copy loaded here differs in %r; loading it with %s",
+                    name, difference, fallback_name)
+        return fallback()
+    return tokenizer
+
+
 def export(name_or_path: str, dest: str) -> dict[str, Any]:
-    """Child side: load with ``AutoTokenizer``, save to ``dest`` (in pieces when they rebuild
-    it exactly), check the copy; a JSON-able verdict."""
+    """Child side: load with ``AutoTokenizer``, save to ``dest`` (``save_copy``), check the
+    copy; a JSON-able verdict."""
     original = load_tokenizer(name_or_path)
-    original.save_pretrained(dest)
-    digest = _write_split(original, dest)
+    digest = save_copy(original, dest)
     expected = fingerprint(original)
     try:
         difference = first_difference(expected, fingerprint(_load_copy(dest, digest=digest)))
@@ -300,16 +349,8 @@ def load_tokenizer_without_torch(name_or_path: str, *, timeout_s: float = 600.0)
             log.warning("tokenizer %s (%s): its torch-free copy differs in %r; loading it with AutoTokenizer",
                         name_or_path, verdict["class"], verdict["difference"])
             return load_tokenizer(name_or_path)
-        try:
-            tokenizer = _load_copy(dest, digest=verdict.get("digest"))
-        except CopyDiffers as exc:
-            log.warning("tokenizer %s: %s; loading it with AutoTokenizer", name_or_path, exc)
-            return load_tokenizer(name_or_path)
-    difference = first_difference(verdict["fingerprint"], json.loads(json.dumps(fingerprint(tokenizer))))
-    if difference is not None:
-        log.warning("tokenizer %s: the copy loaded here differs in %r; loading it with AutoTokenizer",
-                    name_or_path, difference)
-        return load_tokenizer(name_or_path)
+        tokenizer = load_checked_copy(dest, verdict["fingerprint"], digest=verdict.get("digest"), name=name_or_path,
+                                      fallback=lambda: load_tokenizer(name_or_path))
     # end_of_turn_ids reads generation_config.json beside the original's files.
     tokenizer.name_or_path = name_or_path
     return tokenizer
