@@ -21,6 +21,7 @@ import pytest
 from core.testing.tokenizers import EOM, build_llama3_style_tokenizer
 from core.tokenizer import build_tiny_tokenizer, end_of_turn_ids, load_tokenizer
 from core.tokenizer_export import fingerprint, load_tokenizer_without_torch
+from tests.proc_memory import peak_mb
 
 CHAT = [
     {"role": "system", "content": "Say the next digit."},
@@ -355,9 +356,8 @@ def test_the_gateway_with_qwen3s_tokenizer_peaks_under_its_memory_bound() -> Non
         with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
             out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
         assert out.choices[0].message.content == "pong"
-        status = Path(f"/proc/{proc.pid}/status").read_text(encoding="utf-8")
-        peak_mb = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
-        assert peak_mb < _PEAK_MB, f"the gateway peaked at {peak_mb:.0f} MB resident (bound {_PEAK_MB} MB)"
+        peak = peak_mb(proc.pid)
+        assert peak < _PEAK_MB, f"the gateway peaked at {peak:.0f} MB resident (bound {_PEAK_MB} MB)"
     finally:
         proc.terminate()
         proc.wait(10)

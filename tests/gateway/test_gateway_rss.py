@@ -15,15 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.proc_memory import peak_mb
+
 SESSIONS = 256
 PEAK_MB = 150
-
-
-def _status(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
 @pytest.mark.integration
@@ -63,10 +58,10 @@ def test_gateway_peak_rss_at_256_sessions_of_1k_tokens() -> None:
                 assert prompt > 500, prompt  # the sessions really hold about a thousand tokens
 
         asyncio.run(run())
-        peak_mb = _status(proc.pid, "VmHWM") / 1024
+        peak = peak_mb(proc.pid)
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in maps, "the gateway process loaded torch"
-        assert peak_mb < PEAK_MB, f"gateway peak RSS {peak_mb:.0f} MB at {SESSIONS} sessions (bound {PEAK_MB} MB)"
+        assert peak < PEAK_MB, f"gateway peak RSS {peak:.0f} MB at {SESSIONS} sessions (bound {PEAK_MB} MB)"
     finally:
         proc.terminate()
         proc.wait(10)
