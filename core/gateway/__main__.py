@@ -195,7 +195,9 @@ async def _serve_shard(spec_path: str, port: int) -> None:
         loop.call_soon_threadsafe(closed.set)
 
     threading.Thread(target=watch_stdin, daemon=True).start()
-    print(json.dumps({"root_url": server.root_url, "base_url": server.base_url, "pid": os.getpid()}), flush=True)
+    # "tokenizer": the directory its tokenizer came from (the split copy, or the whole save it fell back to)
+    print(json.dumps({"root_url": server.root_url, "base_url": server.base_url, "pid": os.getpid(),
+                      "tokenizer": str(getattr(gw.renderer.tokenizer, "name_or_path", ""))}), flush=True)
     try:
         await closed.wait()
     finally:

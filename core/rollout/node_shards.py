@@ -61,14 +61,29 @@ SHARD_ACTOR_PREFIX = "tracerl-shard-"
 """Names of the shard actors start with this (then the runtime's id and the shard index)."""
 
 
+_TOKENIZER_FOLDERS = ("tokenizer", "tokenizer-split")
+"""Where a ``ShardHost`` writes the trainer's whole tokenizer save and its split copy."""
+
+
+def _tokenizer_files(spec: ShardSpec) -> dict[str, bytes]:
+    """The spec's tokenizer files as ``ShardHost`` takes them: ``FOLDER/NAME`` -> bytes."""
+    dirs = (spec.tokenizer_dir, spec.tokenizer_split_dir)
+    return {
+        f"{folder}/{p.name}": p.read_bytes()
+        for folder, where in zip(_TOKENIZER_FOLDERS, dirs, strict=True) if where
+        for p in sorted(Path(where).iterdir()) if p.is_file()
+    }
+
+
 class ShardHost:
     """One Ray actor: the gateway shard process of its node.
 
     Args:
         index: The shard's index (its name in messages).
         spec: ``ShardSpec`` fields as the trainer wrote them.
-        tokenizer_files: The trainer's saved tokenizer, file name -> bytes (the trainer's
-            disk is not this node's).
+        tokenizer_files: The trainer's saved tokenizer, ``tokenizer/NAME`` (the whole save)
+            and ``tokenizer-split/NAME`` (its split copy, when it has one) -> bytes (the
+            trainer's disk is not this node's; ``_tokenizer_files``).
     """
 
     def __init__(self, index: int, spec: dict[str, Any], tokenizer_files: dict[str, bytes]) -> None:
@@ -86,15 +101,19 @@ class ShardHost:
         """
         import ray
 
+        odd = [n for n in self._files if n.partition("/")[0] not in _TOKENIZER_FOLDERS or n.count("/") != 1]
+        if odd:
+            raise ValueError(f"gateway shard: tokenizer files from the trainer outside {_TOKENIZER_FOLDERS}: {odd}")
         self._folder = tempfile.mkdtemp(prefix="tracerl-node-shard-")
-        tok_dir = Path(self._folder) / "tokenizer"
-        tok_dir.mkdir()
         for name, data in self._files.items():
-            (tok_dir / Path(name).name).write_bytes(data)
+            (Path(self._folder) / name).parent.mkdir(exist_ok=True)
+            (Path(self._folder) / name).write_bytes(data)
+        split = Path(self._folder) / _TOKENIZER_FOLDERS[1]
         node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         spec = {
             **self._spec,
-            "tokenizer_dir": str(tok_dir),
+            "tokenizer_dir": str(Path(self._folder) / _TOKENIZER_FOLDERS[0]),
+            "tokenizer_split_dir": str(split) if split.is_dir() else "",
             "gateway": {**self._spec["gateway"], "host": node_ip},
             "public_host": "",
         }
@@ -192,7 +211,7 @@ class NodeShards(GatewayShards):
         nodes = runtime.node_ids
         if not nodes:
             raise RuntimeStartError("gateway.shards=per_node: the ray runtime has no agent actor placed on a node yet")
-        files = {p.name: p.read_bytes() for p in sorted(Path(spec.tokenizer_dir).iterdir()) if p.is_file()}
+        files = _tokenizer_files(spec)
         plain = dataclasses.asdict(spec)
         remote = ray.remote(ShardHost)
         handles: list[Any] = []

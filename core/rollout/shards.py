@@ -4,8 +4,10 @@ Sessions are independent, so the gateway scales by session (``gateway.shards``,
 docs/scale.md). Defines:
 
 - ``ShardSpec``: everything a shard process needs to build the same gateway as the
-  trainer's: the tokenizer (saved, with its fingerprint, so a shard that would render
-  other tokens refuses to start), end-of-turn ids, the ``gateway`` settings, the
+  trainer's: the tokenizer (saved whole and, for a BPE model, in pieces with the digest
+  of its backend, which the shard loads without ``from_pretrained``'s peak memory the way
+  the gateway CLI does, ``core.tokenizer_export``; with its fingerprint, so a shard that
+  would render other tokens refuses to start), end-of-turn ids, the ``gateway`` settings, the
   policies and the sampler every shard calls (an HTTP fleet, or a scripted model for
   trying agents and benchmarks). ``shard_spec`` writes one from an in-process gateway.
 - ``build_shard_gateway``: the shard side (``python -m core.gateway shard SPEC``).
@@ -62,7 +64,8 @@ class ShardSpec:
     """What every shard process builds its gateway from (written as JSON, mode 0600)."""
 
     tokenizer_dir: str
-    """The trainer's tokenizer, saved with ``save_pretrained``."""
+    """The trainer's tokenizer, saved with ``save_pretrained`` (what a shard loads when
+    ``tokenizer_split_dir`` is empty or its copy differs)."""
     fingerprint: dict[str, Any]
     """``core.tokenizer_export.fingerprint`` of the trainer's tokenizer; a shard whose
     copy differs refuses to start."""
@@ -79,6 +82,13 @@ class ShardSpec:
     """``PolicyRoutes`` as ``{"names": [...], "models": {...}}``; empty: the default policy."""
     public_host: str = ""
     """Address agents dial, when it differs from ``gateway.host``."""
+    tokenizer_split_dir: str = ""
+    """The same tokenizer saved by ``core.tokenizer_export.save_copy`` (vocabulary, merges and
+    pipeline, no ``tokenizer.json``), which the shard loads with ``load_checked_copy`` as the
+    gateway CLI does; '' when it does not split (not a BPE model)."""
+    tokenizer_digest: str = ""
+    """sha256 of the trainer's backend's serialization: a split copy that rebuilds to another,
+    or renders differently, makes the shard load ``tokenizer_dir`` instead, with a warning."""
 
 
 def shard_spec(gateway: Any, sampler: dict[str, Any], folder: Path, *, public_host: str = "") -> ShardSpec:
@@ -88,7 +98,7 @@ def shard_spec(gateway: Any, sampler: dict[str, Any], folder: Path, *, public_ho
     Raises:
         ConfigError: ``gateway`` serves several policies (a shard has one sampler).
     """
-    from core.tokenizer_export import fingerprint
+    from core.tokenizer_export import fingerprint, save_copy
 
     policies = gateway.policies
     if len(policies.names) > 1:
@@ -100,6 +110,10 @@ def shard_spec(gateway: Any, sampler: dict[str, Any], folder: Path, *, public_ho
     tokenizer = gateway.renderer.tokenizer
     tok_dir = folder / "tokenizer"
     tokenizer.save_pretrained(str(tok_dir))
+    split_dir = folder / "tokenizer-split"
+    digest = save_copy(tokenizer, str(split_dir))
+    if digest is None:  # not split: it would be tok_dir again
+        shutil.rmtree(split_dir)
     config = dataclasses.asdict(gateway.config)
     config["admin_token"] = gateway.admin_token
     return ShardSpec(
@@ -111,6 +125,8 @@ def shard_spec(gateway: Any, sampler: dict[str, Any], folder: Path, *, public_ho
         sampler=dict(sampler),
         policies={"names": list(policies.names), "models": dict(policies.models)},
         public_host=public_host,
+        tokenizer_split_dir=str(split_dir) if digest is not None else "",
+        tokenizer_digest=digest or "",
     )
 
 
@@ -126,13 +142,11 @@ def build_shard_gateway(spec: ShardSpec) -> Any:
         ConfigError: the tokenizer copy renders differently (names the probe), or the
             sampler kind is unknown.
     """
-    from transformers import PreTrainedTokenizerFast
-
     from core.gateway import Gateway
     from core.gateway.policies import PolicyRoutes
     from core.tokenizer_export import fingerprint
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(spec.tokenizer_dir)
+    tokenizer = _shard_tokenizer(spec)
     mine = json.loads(json.dumps(fingerprint(tokenizer)))
     differ = sorted(k for k in set(mine) | set(spec.fingerprint) if mine.get(k) != spec.fingerprint.get(k))
     if differ:
@@ -155,6 +169,27 @@ def build_shard_gateway(spec: ShardSpec) -> Any:
     )
     gateway.late_rewards = ShardLateRewards()
     return gateway
+
+
+def _shard_tokenizer(spec: ShardSpec) -> Any:
+    """The trainer's tokenizer: its split copy when it rebuilds the trainer's backend and
+    fingerprint (``core.tokenizer_export.load_checked_copy``, as the gateway CLI loads), else
+    the whole save with ``from_pretrained``, after a warning naming what differed."""
+
+    def whole() -> Any:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(spec.tokenizer_dir)
+
+    if not spec.tokenizer_split_dir:
+        return whole()
+    from core.tokenizer_export import load_checked_copy
+
+    return load_checked_copy(
+        spec.tokenizer_split_dir, spec.fingerprint, digest=spec.tokenizer_digest or None,
+        name=f"of model {spec.model_id!r} in this gateway shard", fallback=whole,
+        fallback_name=f"from_pretrained({spec.tokenizer_dir!r})",
+    )
 
 
 class ShardLateRewards(LateRewards):
