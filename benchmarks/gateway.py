@@ -135,6 +135,16 @@ def load_tokenizer(source: str) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(source)
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The most resident memory process ``pid`` has had since it started (``VmHWM``), in MB;
+    NaN where ``/proc`` does not say."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _filler(tok: Any, n_tokens: int) -> str:
     words = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
     parts: list[str] = []
@@ -200,11 +210,7 @@ class Gw:
 
     def peak_rss_mb(self) -> float:
         """The most resident memory the gateway process has had (``VmHWM``), in MB."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+        return peak_rss_mb(self.proc.pid)
 
     def close(self) -> None:
         self.proc.terminate()

