@@ -9,7 +9,8 @@ The agent is trivial (one chat completion through the real gateway, reward 1)
 and the model is the scripted sampler, so the figures measure the runtime and
 gateway plumbing, not a model. Two phases per concurrency C:
 
-- throughput: ``rounds * C`` rollouts, C in flight at a time, sampler without delay;
+- throughput: ``rounds * C`` rollouts, C in flight at a time, sampler without delay, and the
+  agent processes' CPU per rollout (user + system, from /proc);
 - memory: C rollouts held in flight (the sampler sleeps ``--hold-s``), resident
   memory of the agent processes and of this (trainer + gateway) process sampled
   at the peak and compared with the idle pool.
@@ -57,6 +58,16 @@ def _rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (0 if gone), from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 class Workload:
@@ -125,13 +136,15 @@ async def _bench(concurrency: int, processes: int, rounds: int, hold_s: float) -
         try:
             await asyncio.gather(*(w.one(rt) for _ in range(min(concurrency, 32))))  # warm up
             total = rounds * concurrency
+            pids = [p.pid for p in rt.processes if p.pid]
+            cpu0 = sum(_cpu_s(p) for p in pids)
             t0 = time.perf_counter()
             results = await asyncio.gather(*(w.one(rt) for _ in range(total)))
             wall = time.perf_counter() - t0
+            agent_cpu = sum(_cpu_s(p) for p in pids) - cpu0
             ok = sum(r.status is RolloutStatus.OK for r in results)
 
             await asyncio.sleep(0.5)
-            pids = [p.pid for p in rt.processes if p.pid]
             idle_agents = sum(_rss_kib(p) for p in pids)
             idle_self = _rss_kib(os.getpid())
             w.sampler.delay_s = hold_s
@@ -151,6 +164,7 @@ async def _bench(concurrency: int, processes: int, rounds: int, hold_s: float) -
         "ok": ok,
         "wall_s": round(wall, 3),
         "rollouts_per_s": round(total / wall, 1),
+        "agent_cpu_ms_per_rollout": round(1000 * agent_cpu / total, 2),
         "in_flight_at_sample": busy,
         "held_ok": sum(r.status is RolloutStatus.OK for r in held_results),
         "agent_rss_idle_mib": round(idle_agents / 1024, 1),
@@ -180,12 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         asyncio.run(_bench(c, args.processes, args.rounds, args.hold_s)) for c in args.concurrency
     ]
-    header = f"{'C':>5} {'rollouts/s':>11} {'ok':>9} {'in flight':>9} {'agent KiB/sess':>15} {'trainer KiB/sess':>17}"
+    header = (
+        f"{'C':>5} {'rollouts/s':>11} {'ok':>9} {'agent CPU ms':>12} {'in flight':>9} {'agent KiB/sess':>15} "
+        f"{'trainer KiB/sess':>17}"
+    )
     print(header)
     for r in rows:
         print(
             f"{r['concurrency']:>5} {r['rollouts_per_s']:>11} {r['ok']:>4}/{r['rollouts']:<4} "
-            f"{r['in_flight_at_sample']:>9} {r['agent_kib_per_session']:>15} {r['trainer_kib_per_session']:>17}"
+            f"{r['agent_cpu_ms_per_rollout']:>12} {r['in_flight_at_sample']:>9} {r['agent_kib_per_session']:>15} {r['trainer_kib_per_session']:>17}"
         )
     if args.json:
         with open(args.json, "w") as fh:

@@ -87,6 +87,42 @@ def test_start_get_long_poll_and_idempotent_start(tmp_path: Path) -> None:
     _run(app, body)
 
 
+def test_finished_invocations_past_max_completed_go_first_finished_first() -> None:
+    """``max_completed=2``: the third to finish evicts the first to finish, though it started
+    last; one still running is never evicted, and a start of an evicted id runs again."""
+    app = AgentApp(max_completed=2)
+    release = {k: asyncio.Event() for k in ("a", "b", "c", "d", "e")}
+    calls: list[str] = []
+
+    @app.entrypoint
+    async def handler(payload: dict[str, Any]) -> dict[str, Any]:
+        calls.append(payload["k"])
+        await release[payload["k"]].wait()
+        return {"k": payload["k"]}
+
+    async def status(client: httpx.AsyncClient, inv: str) -> str:
+        return str((await _post(client, _op("get", inv))).json()["status"])
+
+    async def body(client: httpx.AsyncClient) -> None:
+        for k in ("a", "b", "c", "d", "e"):
+            await _post(client, {"k": k, **_op("start", k, background=True)})
+        for k in ("e", "b", "c"):  # finish order e, b, c: e is the oldest to have finished
+            release[k].set()
+            assert (await _post(client, _op("get", k, wait_s=5))).json()["status"] == "completed"
+        assert [await status(client, k) for k in "abcde"] == [
+            "in_progress", "completed", "completed", "in_progress", "not_found"
+        ]
+        release["e"].clear()
+        await _post(client, {"k": "e", **_op("start", "e", background=True)})
+        assert await status(client, "e") == "in_progress"
+        for k in ("a", "d", "e"):
+            release[k].set()
+            assert (await _post(client, _op("get", k, wait_s=5))).json()["status"] == "completed"
+        assert calls.count("e") == 2
+
+    _run(app, body)
+
+
 def test_handler_exception_becomes_failed_result_with_traceback() -> None:
     app = AgentApp()
 
