@@ -39,9 +39,10 @@ failures that loop to the turn cap do. Async must train them (nothing dropped,
 as large a share of groups with a signal as sync trains) and still learn. A
 plain async resume without delays would prove less with the same 75 steps.
 
-The runs need about 25 minutes of CPU (some 700 training steps of 256 rollouts),
-so these tests are marked ``long``: README's test command leaves them out and
-``python -m pytest -m long`` (which CI runs) includes them.
+The runs need about 17 minutes of CPU (625 training steps of 256 rollouts; 12
+minutes of wall time on 2 quiet cores), so these tests are marked ``long``:
+README's test command leaves them out and ``python -m pytest -m long`` (which CI
+runs) includes them.
 """
 
 from __future__ import annotations
