@@ -73,7 +73,8 @@ def test_readme_names_every_test_command_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     commands = [ln for ln in ci if ln.startswith(("python -m pytest", "bash plugins/"))]
-    assert {"python -m pytest -m long", "python -m pytest -m ray", "python -m pytest -m frameworks"} <= set(commands)
+    assert {"python -m pytest -m long -n 3 --dist loadfile", "python -m pytest -m ray",
+            "python -m pytest -m frameworks"} <= set(commands)
     for command in commands:
         assert command in readme, command
 
