@@ -21,6 +21,7 @@ import pytest
 from core.testing.tokenizers import EOM, build_llama3_style_tokenizer
 from core.tokenizer import build_tiny_tokenizer, end_of_turn_ids, load_tokenizer
 from core.tokenizer_export import fingerprint, load_tokenizer_without_torch
+from tests.gateway_process import served_gateway
 from tests.proc_memory import peak_mb
 
 CHAT = [
@@ -346,20 +347,9 @@ def test_the_gateway_with_qwen3s_tokenizer_peaks_under_its_memory_bound() -> Non
 
     from tests.gateway.families import FAMILIES, files
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "core.gateway", "--tokenizer", str(files(FAMILIES["qwen3"])), "--reply", "pong"],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
+    with served_gateway("--tokenizer", str(files(FAMILIES["qwen3"])), "--reply", "pong") as (proc, info):
         with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
             out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}])
         assert out.choices[0].message.content == "pong"
         peak = peak_mb(proc.pid)
         assert peak < _PEAK_MB, f"the gateway peaked at {peak:.0f} MB resident (bound {_PEAK_MB} MB)"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()

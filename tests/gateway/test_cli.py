@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import httpx
@@ -12,20 +10,15 @@ import openai
 import pytest
 
 from core.gateway.__main__ import LOOP_ENV, _loop_factory
+from tests.gateway_process import served_gateway
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("loop", ["auto", "asyncio"])
 def test_cli_serves_and_shows_traces(loop: str) -> None:
     """On uvloop when it is installed (``auto``), and on the standard library's loop."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "core.gateway", "--reply", "pong", "--sessions", "1",
-         "--ignore-request-field", "x_client_tag"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, LOOP_ENV: loop},
-    )
-    try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
+    args = ("--reply", "pong", "--sessions", "1", "--ignore-request-field", "x_client_tag")
+    with served_gateway(*args, env={**os.environ, LOOP_ENV: loop}) as (proc, info):
         assert info["loop"] == ("uvloop" if loop == "auto" else "asyncio")  # uvloop: a dependency on Linux
         admin = {"authorization": f"Bearer {info['admin_token']}"}
         with openai.OpenAI(base_url=info["base_url"], api_key=info["sessions"][0], max_retries=0) as client:
@@ -42,11 +35,6 @@ def test_cli_serves_and_shows_traces(loop: str) -> None:
             assert sid != info["sessions"][0]
             rows = http.get(f"{info['root_url']}/admin/sessions/{info['sessions'][0]}/trace", headers=admin).json()
         assert len(rows["rows"]) == 1 and sum(rows["rows"][0]["loss_mask"]) > 0
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
     assert proc.returncode is not None
 
 

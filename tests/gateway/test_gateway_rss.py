@@ -7,14 +7,12 @@ timing: it holds on a loaded machine. Qwen3's tokenizer adds its own load (docs/
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.gateway_process import served_gateway
 from tests.proc_memory import peak_mb
 
 SESSIONS = 256
@@ -25,14 +23,9 @@ PEAK_MB = 150
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_gateway_peak_rss_at_256_sessions_of_1k_tokens() -> None:
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "core.gateway", "--reply", "fine, thanks", "--sessions", "0",
-         "--max-context-tokens", "0", "--max-pending-headers-per-client", "0"],
-        stdout=subprocess.PIPE, text=True, cwd=root,
-    )
-    try:
-        assert proc.stdout is not None
-        info = json.loads(proc.stdout.readline())
+    args = ("--reply", "fine, thanks", "--sessions", "0", "--max-context-tokens", "0",
+            "--max-pending-headers-per-client", "0")
+    with served_gateway(*args, cwd=root) as (proc, info):
         admin = {"authorization": f"Bearer {info['admin_token']}"}
         words = " ".join(f"word{i % 50}" for i in range(200))  # ~1k tokens with the first user turn
 
@@ -62,8 +55,3 @@ def test_gateway_peak_rss_at_256_sessions_of_1k_tokens() -> None:
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libtorch" not in maps, "the gateway process loaded torch"
         assert peak < PEAK_MB, f"gateway peak RSS {peak:.0f} MB at {SESSIONS} sessions (bound {PEAK_MB} MB)"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
