@@ -134,13 +134,13 @@ def _longest_model_token(tokenizer: Any) -> int | None:
 def _longest_token_chars(tokenizer: Any) -> int | None:
     """Length of the longest vocabulary (or added-token) string; None when unknown."""
     try:
-        model_longest = _longest_model_token(tokenizer)
-        strings = list(tokenizer.get_vocab()) if model_longest is None else ["x" * model_longest]
+        longest = _longest_model_token(tokenizer)
+        lengths = [len(x) for x in tokenizer.get_vocab()] if longest is None else [longest]
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-        strings += [str(getattr(t, "content", t)) for t in added.values()]
+        lengths += [len(str(getattr(t, "content", t))) for t in added.values()]
     except Exception:
         return None
-    return max(1, *(len(x) for x in strings)) if strings else None
+    return max(1, *lengths) if lengths else None
 
 
 def _max_token_chars(tokenizer: Any, backend: Any, longest: int | None) -> int | None:
