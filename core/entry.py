@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Callable, Collection
@@ -195,4 +196,18 @@ def run_hydra(config_name: str, argv: list[str], body: Callable[[DictConfig], in
         entry()
     finally:
         sys.argv = saved_argv
+        _close_job_log()
     return result.get("code", 0)
+
+
+def _close_job_log() -> None:
+    """Close the ``<name>.log`` handlers Hydra attached to the root logger.
+
+    Hydra opens the job's log file and never closes it; the next in-process run (a test, a
+    notebook) reconfigures logging and drops the handler with its file still open.
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
+            handler.close()

@@ -120,3 +120,21 @@ def test_both_commands_name_their_hydra_job_after_themselves(capsys: pytest.Capt
         assert yaml.safe_load(capsys.readouterr().out)["hydra"]["job"]["name"] == name
     assert eval_main(["reward=nope"]) == 2
     assert "unknown reward 'nope'" in capsys.readouterr().err
+
+
+def test_an_in_process_run_closes_its_job_log(tmp_path: Path) -> None:
+    """Hydra opens ``<run_dir>/train.log`` and never closes it; ``run_hydra`` does, so a second
+    in-process run (a test, a notebook) does not drop an open file (a ResourceWarning, an error
+    under this suite's filterwarnings)."""
+    import logging
+
+    from core.config import PRIMARY_CONFIG
+    from core.entry import run_hydra
+
+    def body(cfg: object) -> int:
+        logging.getLogger("core.test").info("hello from the job")
+        return 3
+
+    assert run_hydra(PRIMARY_CONFIG, [f"run_dir={tmp_path}"], body, module="core.train") == 3
+    assert "hello from the job" in (tmp_path / "train.log").read_text()
+    assert not [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
