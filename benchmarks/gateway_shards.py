@@ -2,13 +2,14 @@
 
     python benchmarks/gateway_shards.py                          # 1 and 2 shards, 256 sessions
     python benchmarks/gateway_shards.py --shards 1,2,4 --sessions 512 --delay 0.02:0.5
+    python benchmarks/gateway_shards.py --sessions 10,100,500,1000,2000 --delay 0.02:0.5 --turns 2   # a ramp
     python benchmarks/gateway_shards.py --quick                  # smaller, for a smoke check
     python benchmarks/gateway_shards.py --tokenizer qwen3        # Qwen3's tokenizer instead of the tiny one
 
 Starts the shards exactly as a training run does (``core.rollout.shards.GatewayShards``:
 ``python -m core.gateway shard`` processes, the scripted sampler standing in for the
-fleet) and drives them over real HTTP with httpx from this process, as the trainer's
-runner and its agents do: every session is opened by the runner on the next shard,
+fleet) and drives them over real HTTP from this process (``benchmarks/loadgen.py``'s aiohttp
+client), as the trainer's runner and its agents do: every session is opened by the runner on the next shard,
 its agent sends ``--turns`` chat turns to that shard's base URL, each resending the
 whole history (a ~1k-token system message, short user turns, the replies), and the
 runner harvests it at the end (rows checked: one linear row per session, every turn
@@ -18,8 +19,9 @@ in it). The tokenizer is the tiny offline one by default, or Qwen3's with ``--to
 the trainer ships, as in a training run. Reported per shard count:
 
 - turns/s over the measured turns (each session's first turn, a full render, is a
-  warm-up and not measured) and client-observed latency p50/p99 less the sampler's
-  sleep (none by default: ``--delay 0`` makes the gateways the bottleneck);
+  warm-up and not measured), client-observed latency p50/p99, and the latency the gateway
+  added: the same less the sampler's sleep for that turn (``spread_delay`` of the prompt
+  length the reply reports; none by default: ``--delay 0`` makes the gateways the bottleneck);
 - gateway CPU per turn: CPU seconds of all shard processes together (``/admin/stats``
   ``process_time`` summed, ``GatewayShards.stats``) over the measured turns;
 - the share of a core each shard kept busy (its CPU seconds over the wall time): near 1,
@@ -49,8 +51,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 REPLY = "ok, noted."
@@ -79,9 +79,11 @@ async def _scenario(
     shards_n: int, sessions: int, turns: int, delay: str, context: int, tok: Any, model: str,
 ) -> dict[str, Any]:
     from benchmarks.gateway import peak_rss_mb
+    from benchmarks.loadgen import LoadClient
     from core.gateway import Gateway, GatewayConfig
     from core.rollout.shards import GatewayShards, shard_spec
     from core.samplers import ScriptedSampler
+    from core.samplers.scripted import spread_delay
     from core.types import SamplingParams
 
     low, _, high = delay.partition(":")
@@ -93,11 +95,17 @@ async def _scenario(
         spec = shard_spec(gw, {"kind": "scripted", "reply": REPLY, "delay_s": sleep}, Path(folder))
         shards = await GatewayShards.start(spec, shards_n)
     latencies: list[float] = []
+    added: list[float] = []
+
+    def slept(prompt_tokens: int) -> float:
+        """The sampler's sleep for a turn of this prompt length (``ScriptedSampler``'s rule)."""
+        return spread_delay(prompt_tokens, *sleep) if isinstance(sleep, list) else sleep
     try:
         opened = [await shards.open(SamplingParams(max_tokens=16), {"rollout_id": f"r{i}"}) for i in range(sessions)]
-        limits = httpx.Limits(max_connections=sessions + 8, max_keepalive_connections=sessions + 8)
-        async with httpx.AsyncClient(limits=limits, timeout=600) as client:
-            ready = asyncio.Event()
+        async with LoadClient(sessions + 8) as client:
+            # Every session warms up (one full render), then all wait for ``go``: set once the
+            # shards' CPU counters are read, so no measured turn runs before the reading.
+            ready, go = asyncio.Event(), asyncio.Event()
             warm = 0
 
             async def agent(sid: str, base_url: str) -> None:
@@ -106,23 +114,25 @@ async def _scenario(
                 for i in range(turns + 1):
                     messages.append({"role": "user", "content": f"question {i} of the session"})
                     t0 = time.perf_counter()
-                    resp = await client.post(
+                    out = await client.post(
                         base_url + "/chat/completions", headers={"authorization": f"Bearer {sid}"},
-                        json={"model": model, "messages": messages},
+                        json_body={"model": model, "messages": messages},
                     )
-                    resp.raise_for_status()
                     if i > 0:
-                        latencies.append(time.perf_counter() - t0)
-                    messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+                        dt = time.perf_counter() - t0
+                        latencies.append(dt)
+                        added.append(dt - slept(out["usage"]["prompt_tokens"]))
+                    messages.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
                     if i == 0:
                         warm += 1
                         if warm == sessions:
                             ready.set()
-                        await ready.wait()
+                        await go.wait()
 
             tasks = [asyncio.create_task(agent(sid, url)) for sid, url in opened]
             await ready.wait()
             cpu0, client0, t0 = (await shards.stats())["process_time"], _client_cpu(), time.perf_counter()
+            go.set()
             await asyncio.gather(*tasks)
             wall = time.perf_counter() - t0
             cpu1, client1 = (await shards.stats())["process_time"], _client_cpu()
@@ -135,8 +145,9 @@ async def _scenario(
     finally:
         await shards.aclose()
     measured = sessions * turns
+    base = statistics.fmean(lat - add for lat, add in zip(latencies, added, strict=True))
     latencies.sort()
-    base = statistics.fmean(sleep) if isinstance(sleep, list) else sleep
+    added.sort()
     return {
         "shards": shards_n,
         "sessions": sessions,
@@ -145,6 +156,8 @@ async def _scenario(
         "turns_per_s": round(measured / wall, 1),
         "p50_ms": round(1000 * _pct(latencies, 0.5), 2),
         "p99_ms": round(1000 * _pct(latencies, 0.99), 2),
+        "added_p50_ms": round(1000 * _pct(added, 0.5), 2),
+        "added_p99_ms": round(1000 * _pct(added, 0.99), 2),
         "sampler_sleep_mean_ms": round(1000 * base, 2),
         "gateway_cpu_ms_per_turn": round(1000 * (cpu1 - cpu0) / measured, 3),
         "core_share_per_shard": round((cpu1 - cpu0) / wall / shards_n, 3),
@@ -157,7 +170,8 @@ async def _scenario(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shards", default="1,2", help="shard counts to compare, e.g. 1,2,4")
-    ap.add_argument("--sessions", type=int, default=256)
+    ap.add_argument("--sessions", default="256",
+                    help="sessions in flight; several (10,100,1000,2000) make a concurrency ramp")
     ap.add_argument("--turns", type=int, default=8, help="measured turns per session (after one warm-up)")
     ap.add_argument("--context", type=int, default=1000, help="tokens of the system message every turn resends")
     ap.add_argument("--delay", default="0", help="sampler sleep per turn: S or LOW:HIGH seconds (log-uniform)")
@@ -168,22 +182,22 @@ def main() -> int:
     args = ap.parse_args()
     from benchmarks.gateway import load_tokenizer, tokenizer_source
 
-    sessions, turns = (32, 4) if args.quick else (args.sessions, args.turns)
+    levels, turns = ((32,), 4) if args.quick else (tuple(int(x) for x in args.sessions.split(",")), args.turns)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tracerl-bench-tokenizer-") as workdir:
         tok = load_tokenizer(tokenizer_source(args.tokenizer, Path(workdir)))
-        for n in (int(x) for x in args.shards.split(",")):
-            row = asyncio.run(_scenario(n, sessions, turns, args.delay, args.context, tok, args.tokenizer))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    one = next((r for r in rows if r["shards"] == 1), None)
-    if one is not None:
-        for r in rows:
-            print(f"shards={r['shards']}: {r['turns_per_s']} turns/s "
-                  f"({r['turns_per_s'] / one['turns_per_s']:.2f}x one shard), "
-                  f"gateway CPU {r['gateway_cpu_ms_per_turn']} ms/turn, each shard busy "
-                  f"{r['core_share_per_shard']:.0%} of a core, p99 {r['p99_ms']} ms, "
-                  f"shard peak (VmHWM) {'/'.join(f'{mb:.0f}' for mb in r['shard_peak_mb'])} MB")
+        for sessions in levels:
+            for n in (int(x) for x in args.shards.split(",")):
+                row = asyncio.run(_scenario(n, sessions, turns, args.delay, args.context, tok, args.tokenizer))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    for r in rows:
+        one = next((o for o in rows if o["shards"] == 1 and o["sessions"] == r["sessions"]), None)
+        ratio = f" ({r['turns_per_s'] / one['turns_per_s']:.2f}x one shard)" if one is not None else ""
+        print(f"shards={r['shards']}, {r['sessions']} sessions: {r['turns_per_s']} turns/s{ratio}, "
+              f"gateway CPU {r['gateway_cpu_ms_per_turn']} ms/turn, each shard busy "
+              f"{r['core_share_per_shard']:.0%} of a core, added p50/p99 {r['added_p50_ms']}/{r['added_p99_ms']} ms, "
+              f"shard peak (VmHWM) {'/'.join(f'{mb:.0f}' for mb in r['shard_peak_mb'])} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
     return 0

@@ -40,7 +40,7 @@ def test_the_shard_benchmark_runs_on_qwen3s_tokenizer_and_reports_each_shards_pe
         assert len(r["shard_peak_mb"]) == r["shards"], r
         low, high = SHARD_PEAK_MB
         assert all(low < mb < high for mb in r["shard_peak_mb"]), r["shard_peak_mb"]
-    summary = [line for line in proc.stdout.splitlines() if line.startswith("shards=2:")]
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("shards=2, 2 sessions:")]
     assert len(summary) == 1 and "shard peak (VmHWM) " in summary[0], proc.stdout
     peaks = "/".join(f"{mb:.0f}" for mb in rows[1]["shard_peak_mb"])
     assert summary[0].endswith(f"shard peak (VmHWM) {peaks} MB"), summary[0]
