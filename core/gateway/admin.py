@@ -209,6 +209,13 @@ def admin_routes(gateway: Gateway) -> list[Route]:
             raise not_found(str(exc)) from None
         return {"rollout_id": rid, "reward": body.reward}
 
+    async def take_rewards(request: Request) -> Any:
+        # A shard's posted late rewards, for the trainer's book (core.gateway.late_rewards).
+        take = getattr(gateway.late_rewards, "take", None)
+        if take is None:
+            raise not_found("this gateway is not a shard: late rewards reach its rollouts when posted")
+        return {"rewards": take()}
+
     async def trainer_decides(server: Any) -> bool:
         return False  # a server back from unhealthy waits for the trainer's word (``serving``)
 
@@ -288,6 +295,7 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         Route("/admin/sessions/{sid}/finish", wrap(finish), methods=["POST"]),
         Route("/admin/sessions/{sid}/harvest", wrap(harvest), methods=["POST"]),
         Route("/admin/rollouts/{rid}/reward", wrap(post_reward), methods=["POST"]),
+        Route("/admin/late_rewards/take", wrap(take_rewards), methods=["POST"]),
         Route("/admin/sampler", wrap(set_sampler_version), methods=["POST"]),
         Route("/admin/sampler/hold", wrap(hold_sampler), methods=["POST"]),
         Route("/admin/sampler/release", wrap(release_sampler), methods=["POST"]),

@@ -6,6 +6,11 @@ and the runner waits up to ``reward.timeout_s`` for someone to post the reward
 for its rollout id (``_config.rollout_id`` in the agent's payload) through
 ``POST /admin/rollouts/{id}/reward`` on the gateway or ``LateRewards.post``.
 A reward posted before the wait starts is kept until it does.
+
+With ``gateway.shards`` the rollouts wait in the trainer's book and each shard keeps a
+``ShardLateRewards``: it takes posts for the rollouts whose sessions it opened and holds them
+until the trainer collects them (``POST /admin/late_rewards/take``, about twice a second
+while a rollout waits; ``core.rollout.shards.GatewayShards``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,22 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from core.errors import ConfigError
 
-__all__ = ["LateRewards"]
+__all__ = ["LateRewards", "ShardLateRewards", "check_reward"]
+
+SHARD_MEMORY = 100_000
+"""Rollout ids a shard remembers having opened a session for (the oldest are forgotten first)."""
+
+
+def check_reward(rollout_id: str, reward: object) -> float:
+    """``reward`` as a float; ``ConfigError`` when it is not a finite number."""
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise ConfigError(f"the reward posted for rollout {rollout_id!r} must be a finite number, got {reward!r}")
+    return float(reward)
 
 
 @dataclass
@@ -29,6 +45,11 @@ class LateRewards:
     _expected: set[str] = field(default_factory=set)
     _posted: dict[str, float] = field(default_factory=dict)
     _expired: dict[str, float] = field(default_factory=dict)
+    waiting: int = 0
+    """Rollouts waiting in ``wait`` now (a sharded trainer collects posts only then)."""
+
+    def opened(self, rollout_id: str) -> None:
+        """A session of ``rollout_id`` was opened on this gateway; only a shard's book keeps it."""
 
     def expect(self, rollout_id: str) -> None:
         """Accept posts for ``rollout_id`` (the runner calls this when it starts it)."""
@@ -46,8 +67,7 @@ class LateRewards:
             ConfigError: the reward is not a finite number, or no running or pending
                 rollout has that id (a typo, or its wait already timed out).
         """
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-            raise ConfigError(f"the reward posted for rollout {rollout_id!r} must be a finite number, got {reward!r}")
+        value = check_reward(rollout_id, reward)
         if rollout_id not in self._expected:
             if rollout_id in self._expired:
                 raise ConfigError(
@@ -55,11 +75,12 @@ class LateRewards:
                     "it was counted as reward_timeout"
                 )
             raise ConfigError(f"no running or pending rollout has id {rollout_id!r}")
-        self._posted[rollout_id] = float(reward)
+        self._posted[rollout_id] = value
 
     async def wait(self, rollout_id: str, timeout_s: float) -> float | None:
         """The posted reward of ``rollout_id``, or None after ``timeout_s`` (then forgotten)."""
         deadline = time.monotonic() + timeout_s
+        self.waiting += 1
         try:
             while True:
                 if rollout_id in self._posted:
@@ -71,4 +92,44 @@ class LateRewards:
                     return None
                 await asyncio.sleep(self.poll_s)
         finally:
+            self.waiting -= 1
             self.forget(rollout_id)
+
+
+@dataclass
+class ShardLateRewards(LateRewards):
+    """A gateway shard's book: it keeps each reward posted for a rollout whose session it opened
+    until the trainer takes it (``take``); the rollouts themselves wait in the trainer's book.
+
+    A post for a rollout this shard never opened a session for is refused (404), naming where
+    it must go: a reward posted to the wrong shard would otherwise never be delivered.
+    """
+
+    _opened: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _outbox: dict[str, float] = field(default_factory=dict)
+
+    def opened(self, rollout_id: str) -> None:
+        self._opened[rollout_id] = None
+        if len(self._opened) > SHARD_MEMORY:
+            self._opened.popitem(last=False)
+
+    def post(self, rollout_id: str, reward: float) -> None:
+        """Keep the reward of ``rollout_id`` for the trainer.
+
+        Raises:
+            ConfigError: the reward is not a finite number, or no session of that rollout
+                was opened on this shard.
+        """
+        value = check_reward(rollout_id, reward)
+        if rollout_id not in self._opened:
+            raise ConfigError(
+                f"no session of rollout {rollout_id!r} was opened on this gateway shard (gateway.shards); "
+                "post its reward to the shard its agent called (the base URL the agent was given), or in "
+                "the trainer's process (LateRewards.post on the trainer's gateway.late_rewards)"
+            )
+        self._outbox[rollout_id] = value
+
+    def take(self) -> dict[str, float]:
+        """The rewards posted since the last ``take`` (the trainer delivers them to its book)."""
+        out, self._outbox = self._outbox, {}
+        return out

@@ -210,6 +210,9 @@ class Gateway:
             metadata=dict(metadata or {}),
             policy=policy,
         )
+        rollout_id = (metadata or {}).get("rollout_id")
+        if rollout_id is not None:
+            self.late_rewards.opened(str(rollout_id))
         return sid
 
     def session(self, sid: str) -> Session:

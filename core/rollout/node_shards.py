@@ -308,6 +308,7 @@ class NodeShards(GatewayShards):
         for task in self._watchers:
             task.cancel()
         self._watchers = []
+        self._stop_tasks()
         await self._http.aclose()
         import ray
 

@@ -161,8 +161,8 @@ class RolloutRunner:
                 metrics=result.metrics,
                 error=(
                     f"the agent left its reward pending and none was posted within reward.timeout_s="
-                    f"{self.reward_timeout_s:g} (POST /admin/rollouts/{result.rollout_id}/reward, or "
-                    "LateRewards.post in the trainer's process with gateway.shards)"
+                    f"{self.reward_timeout_s:g} (POST /admin/rollouts/{result.rollout_id}/reward to the "
+                    "gateway the agent called, or LateRewards.post in the trainer's process)"
                 ),
                 elapsed_s=result.elapsed_s,
             )

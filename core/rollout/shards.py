@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from core.errors import ConfigError, RuntimeStartError
 from core.gateway.config import GatewayConfig
 from core.gateway.harvest import Harvest, harvest_from_json
-from core.gateway.late_rewards import LateRewards
+from core.gateway.late_rewards import LateRewards, ShardLateRewards
 from core.rollout.sessions import ShardLost
 from core.types import SamplingParams
 
@@ -57,6 +57,9 @@ HOLD_TIMEOUT_S = 30.0
 """How long a shard may take to acknowledge a hold (or a release) at a weight push."""
 VIEW_INTERVAL_S = 1.0
 """How often the trainer checks whether the servers it routes to changed (``follow``)."""
+LATE_REWARD_POLL_S = 0.5
+"""How often, while a rollout waits for its late reward, the trainer collects the rewards
+posted to its shards (``collect_late_rewards``)."""
 
 
 @dataclass
@@ -192,22 +195,6 @@ def _shard_tokenizer(spec: ShardSpec) -> Any:
     )
 
 
-class ShardLateRewards(LateRewards):
-    """A shard's late-reward book: refuses every post, saying where the reward must go.
-
-    The rollouts wait for their late rewards in the trainer's book (``GatewayShards.late_rewards``),
-    which no shard can reach; a reward posted to a shard would be lost without a word.
-    """
-
-    def post(self, rollout_id: str, reward: float) -> None:
-        raise ConfigError(
-            f"this gateway is a shard (gateway.shards): a reward posted here for rollout {rollout_id!r} "
-            "would never reach the trainer, where rollouts wait for their late rewards. Post it in the "
-            "trainer's process (LateRewards.post on the trainer's gateway.late_rewards), or run with "
-            "gateway.shards=1 to post over HTTP (POST /admin/rollouts/{id}/reward; docs/scale.md)"
-        )
-
-
 def _sampler(conf: dict[str, Any], tokenizer: Any) -> Any:
     kind = conf.get("kind")
     if kind == "scripted":
@@ -274,10 +261,9 @@ class _Shard:
 class GatewayShards:
     """N gateway processes on this machine; a ``SessionHost`` for ``RolloutRunner``."""
 
-    late_rewards: Any = None
-    """The trainer's late-reward book the runner waits on (``start_rollout_stack`` sets its
-    in-process gateway's); rewards are posted there in the trainer's process, a shard refuses
-    them (``ShardLateRewards``). None: ``reward_pending`` rollouts stay so."""
+    late_rewards: LateRewards | None = None
+    """The trainer's late-reward book the runner waits on (``collect_late_rewards``); None:
+    ``reward_pending`` rollouts stay so."""
 
     def __init__(self, shards: Sequence[Shard], admin_token: str, folder: str) -> None:
         """Use ``GatewayShards.start``."""
@@ -289,6 +275,7 @@ class GatewayShards:
         self._fleet: Any = None
         """The trainer's HTTP sampler, once ``follow`` was called."""
         self._fleet_task: asyncio.Task[None] | None = None
+        self._rewards_task: asyncio.Task[None] | None = None
         self._folder = folder
         self._owner: dict[str, Shard] = {}
         self._next = 0
@@ -464,6 +451,46 @@ class GatewayShards:
                 print(f"warning: telling the gateway shards the fleet's servers failed: {exc!r}", file=sys.stderr)
             await asyncio.sleep(VIEW_INTERVAL_S)
 
+    def collect_late_rewards(self, book: LateRewards | None) -> None:
+        """Let ``reward_pending`` rollouts wait in ``book`` (the trainer's, which
+        ``start_rollout_stack`` passes), and deliver to it the rewards posted to the shards
+        (``POST /admin/rollouts/{id}/reward`` on the shard whose base URL the agent was given):
+        every ``LATE_REWARD_POLL_S`` while a rollout waits, each live shard hands over what was
+        posted to it (``POST /admin/late_rewards/take``)."""
+        self.late_rewards = book
+        if book is not None and self._rewards_task is None:
+            loop = asyncio.get_running_loop()
+            self._rewards_task = loop.create_task(self._collect_rewards(book), name="tracerl-shards-rewards")
+
+    async def _collect_rewards(self, book: LateRewards) -> None:
+        while not self._http.is_closed:
+            await asyncio.sleep(LATE_REWARD_POLL_S)
+            if not book.waiting:
+                continue
+            for shard in [s for s in self.shards if s.alive]:
+                try:
+                    resp = await self._http.post(shard.root_url + "/admin/late_rewards/take")
+                    resp.raise_for_status()
+                    rewards = resp.json()["rewards"]
+                except Exception as exc:  # a dead shard fails its own rollouts; the rest go on
+                    if self._http.is_closed:
+                        return
+                    print(f"warning: collecting late rewards from {shard.name()} failed: {exc!r}", file=sys.stderr)
+                    continue
+                for rollout_id, reward in rewards.items():
+                    try:
+                        book.post(rollout_id, reward)
+                    except ConfigError as exc:
+                        print(f"warning: a late reward posted to {shard.name()} was not delivered: {exc}",
+                              file=sys.stderr)
+
+    def _stop_tasks(self) -> None:
+        """Cancel the fleet view and the late-reward collection."""
+        for task in (self._fleet_task, self._rewards_task):
+            if task is not None:
+                task.cancel()
+        self._fleet_task = self._rewards_task = None
+
     async def hold(self, version: int) -> None:
         """Every live shard's sampler holds (``POST /admin/sampler/hold``, answered once
         nothing more reaches a server) before the push of ``version``; a shard that does not
@@ -516,8 +543,7 @@ class GatewayShards:
 
     async def aclose(self) -> None:
         """Stop every shard (stdin closed, then SIGTERM, then SIGKILL); idempotent."""
-        if self._fleet_task is not None:
-            self._fleet_task.cancel()
+        self._stop_tasks()
         await self._http.aclose()
         for shard in self.shards:
             if isinstance(shard, _Shard):

@@ -134,7 +134,7 @@ async def _serve_per_node(cfg: DictConfig, gateway: Any, runtime: Any) -> Gatewa
     with tempfile.TemporaryDirectory(prefix="tracerl-shard-spec-") as folder:
         spec = shard_spec(gateway, sampler, Path(folder))
         shards = await NodeShards.start_on_nodes(spec, runtime)
-    shards.late_rewards = getattr(gateway, "late_rewards", None)  # the trainer's book
+    shards.collect_late_rewards(getattr(gateway, "late_rewards", None))  # the trainer's book
     return shards
 
 
@@ -156,9 +156,8 @@ async def _serve(cfg: DictConfig, gateway: Any, public_host: str) -> tuple[Any, 
     with tempfile.TemporaryDirectory(prefix="tracerl-shard-spec-") as folder:
         spec = shard_spec(gateway, sampler, Path(folder), public_host=public_host)
         shards = await GatewayShards.start(spec, count)
-    # Rollouts wait for late rewards in the trainer's book, posted in this process (a shard
-    # refuses posts: core.rollout.shards.ShardLateRewards).
-    shards.late_rewards = getattr(gateway, "late_rewards", None)
+    # Rollouts wait for late rewards in the trainer's book; rewards posted to a shard reach it.
+    shards.collect_late_rewards(getattr(gateway, "late_rewards", None))
     return None, shards
 
 

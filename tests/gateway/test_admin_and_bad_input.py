@@ -64,6 +64,9 @@ def test_admin_posts_a_late_reward(harness: Harness) -> None:
     assert asyncio.run_coroutine_threadsafe(late.wait("r1", 0.0), h.loop).result(10) == 0.5
     gone = httpx.post(url.format("r1"), headers=_admin(h), json={"reward": 0.5})
     assert gone.status_code == 404  # its wait is over
+    # Only a shard hands posted rewards over to a trainer; here they reached the rollout.
+    take = httpx.post(h.server.root_url + "/admin/late_rewards/take", headers=_admin(h))
+    assert take.status_code == 404 and "not a shard" in take.text
 
 
 @pytest.mark.parametrize(

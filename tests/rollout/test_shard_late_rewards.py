@@ -1,8 +1,9 @@
 """Late rewards with ``gateway.shards`` (``reward_pending`` rollouts, ``core.gateway.late_rewards``).
 
 The rollouts wait in the trainer's book (its in-process gateway's ``late_rewards``, which
-``start_rollout_stack`` gives the shards); a reward posted there in the trainer's process
-reaches a sharded rollout, and a shard refuses a posted reward, naming where it must go,
+``start_rollout_stack`` gives the shards). A reward posted over HTTP to the shard the agent
+called reaches its rollout (the trainer collects it), as does one posted in the trainer's
+process; a shard refuses a reward for a rollout it never served, naming where it must go,
 instead of losing it. Real ``python -m core.gateway shard`` processes; the agent runs in
 this process with the official openai SDK; the model is scripted (the only thing faked).
 """
@@ -46,27 +47,38 @@ class _SdkRuntime:
         return None
 
 
-def test_a_late_reward_reaches_a_sharded_rollout_and_a_shard_refuses_one_posted_to_it(
-    byte_tokenizer: Any, tmp_path: Path
+def test_late_rewards_posted_to_a_shard_or_in_the_trainer_reach_sharded_rollouts(
+    byte_tokenizer: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async def go() -> None:
         trainer_gw = _gateway(byte_tokenizer)
         shards = await GatewayShards.start(shard_spec(trainer_gw, {"kind": "scripted", "reply": REPLY}, tmp_path), 2)
-        shards.late_rewards = trainer_gw.late_rewards  # what start_rollout_stack does (tested below)
-        answers: dict[str, httpx.Response] = {}
+        shards.collect_late_rewards(trainer_gw.late_rewards)  # what start_rollout_stack does (tested below)
+        admin = {"authorization": f"Bearer {trainer_gw.admin_token}"}
+        answers: dict[str, dict[str, httpx.Response]] = {}
+        posts: dict[str, float] = {}  # rollout id -> the reward its agent posts to its own shard
         pending: asyncio.Queue[str] = asyncio.Queue()
 
         async def agent(request: RolloutRequest) -> RolloutResult:
             async with openai.AsyncOpenAI(base_url=request.base_url, api_key=request.session_id, max_retries=0) as c:
                 out = await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "12 * 7?"}])
                 assert out.choices[0].message.content == REPLY
-            # An agent posting its own reward to its gateway (a shard): refused, saying where.
-            root = request.base_url.removesuffix("/v1")
+            mine = request.base_url.removesuffix("/v1")
+            (other,) = [u.removesuffix("/v1") for u in shards.base_urls if u != request.base_url]
+            reward = request.payload.get("post")
             async with httpx.AsyncClient() as client:
-                answers[request.rollout_id] = await client.post(
-                    f"{root}/admin/rollouts/{request.rollout_id}/reward",
-                    json={"reward": 0.5}, headers={"authorization": f"Bearer {trainer_gw.admin_token}"},
-                )
+                answers[request.rollout_id] = {
+                    # The shard that served no session of this rollout refuses, saying where to post.
+                    "other": await client.post(f"{other}/admin/rollouts/{request.rollout_id}/reward",
+                                               json={"reward": 0.1}, headers=admin),
+                    "bad": await client.post(f"{mine}/admin/rollouts/{request.rollout_id}/reward",
+                                             json={"reward": "high"}, headers=admin),
+                }
+                if reward is not None:  # the agent's own shard keeps it for the trainer
+                    answers[request.rollout_id]["mine"] = await client.post(
+                        f"{mine}/admin/rollouts/{request.rollout_id}/reward", json={"reward": reward}, headers=admin
+                    )
+                    posts[request.rollout_id] = reward
             await pending.put(request.rollout_id)
             return RolloutResult(request.rollout_id, RolloutStatus.REWARD_PENDING)
 
@@ -74,29 +86,78 @@ def test_a_late_reward_reaches_a_sharded_rollout_and_a_shard_refuses_one_posted_
             gateway=None, base_url="", runtime=_SdkRuntime(agent), model_id="tiny", sessions=shards,
             limits=RolloutLimits(max_concurrency=4, timeout_s=60.0, reward_timeout_s=20.0),
         )
+        sampling = SamplingParams(max_tokens=32)
         try:
-            rated = asyncio.create_task(runner.run_one({}, group_id="g", sampling=SamplingParams(max_tokens=32)))
-            rid = await asyncio.wait_for(pending.get(), 60)
+            # Posted over HTTP to the agent's shard, before the rollout starts waiting.
+            outcome = await asyncio.wait_for(runner.run_one({"post": 0.5}, group_id="g1", sampling=sampling), 60)
+            assert outcome.result.status is RolloutStatus.OK and outcome.result.reward == 0.5, outcome.result.error
+            assert len(outcome.rows) == 1 and outcome.rows[0].reward == 0.5 and outcome.rows[0].num_generated > 0
+            rid = outcome.request.rollout_id
+            assert answers[rid]["mine"].status_code == 200, answers[rid]["mine"].text
+            assert answers[rid]["mine"].json() == {"rollout_id": rid, "reward": 0.5}
+
+            refused = answers[rid]["other"]
+            assert refused.status_code == 404
+            assert f"no session of rollout {rid!r} was opened on this gateway shard" in refused.json()["error"]["message"]
+            assert "the shard its agent called" in refused.text and "LateRewards.post" in refused.text
+            assert answers[rid]["bad"].status_code == 400, answers[rid]["bad"].text
+
+            # Posted in the trainer's process while the rollout waits.
+            assert pending.get_nowait() == rid
+            rated = asyncio.create_task(runner.run_one({}, group_id="g2", sampling=sampling))
+            rid2 = await asyncio.wait_for(pending.get(), 60)
             await asyncio.sleep(0.2)  # the runner harvests the session, then waits for the reward
-            trainer_gw.late_rewards.post(rid, 0.75)  # a rater in the trainer's process
+            trainer_gw.late_rewards.post(rid2, 0.75)
             outcome = await asyncio.wait_for(rated, 60)
             assert outcome.result.status is RolloutStatus.OK and outcome.result.reward == 0.75, outcome.result.error
-            assert len(outcome.rows) == 1 and outcome.rows[0].reward == 0.75 and outcome.rows[0].num_generated > 0
 
-            refused = answers[rid]
-            assert refused.status_code == 404
-            assert "this gateway is a shard (gateway.shards)" in refused.text
-            assert "Post it in the trainer's process" in refused.text and "gateway.shards=1" in refused.text
-
-            # Nobody posts: reward_timeout, saying how a reward could have been posted.
+            # Nobody posts: reward_timeout, saying where a reward could have been posted.
             runner.reward_timeout_s = 0.3
-            unrated = await runner.run_one({}, group_id="g2", sampling=SamplingParams(max_tokens=32))
+            unrated = await runner.run_one({}, group_id="g3", sampling=sampling)
             assert unrated.result.status is RolloutStatus.REWARD_TIMEOUT
-            assert "LateRewards.post in the trainer's process" in (unrated.result.error or "")
+            assert "to the gateway the agent called" in (unrated.result.error or "")
+
+            # Posted to the shard after the wait ran out: the trainer says it was not delivered.
+            # (Its session was harvested: the shard remembers the rollout id, not the session.)
+            late_rid = unrated.request.rollout_id
+            accepted = []
+            async with httpx.AsyncClient() as client:
+                for url in shards.base_urls:
+                    r = await client.post(f"{url.removesuffix('/v1')}/admin/rollouts/{late_rid}/reward",
+                                          json={"reward": 1.0}, headers=admin)
+                    accepted.append(r.status_code)
+            assert sorted(accepted) == [200, 404]
+            runner.reward_timeout_s = 2.0  # four collections while the next rollout waits
+            waiting = await asyncio.wait_for(runner.run_one({}, group_id="g4", sampling=sampling), 60)
+            assert waiting.result.status is RolloutStatus.REWARD_TIMEOUT
+            assert posts == {rid: 0.5}
         finally:
             await shards.aclose()
 
     asyncio.run(go())
+    err = capsys.readouterr().err
+    assert "a late reward posted to gateway shard" in err and "was not delivered" in err, err
+    assert "stopped waiting for its reward (reward.timeout_s passed)" in err, err
+
+
+def test_a_shards_book_keeps_rewards_for_the_rollouts_it_served_until_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ShardLateRewards``: a post for a rollout with a session opened on the shard is kept
+    until ``take``; the ids it remembers are bounded (the oldest go first)."""
+    from core.errors import ConfigError
+    from core.gateway import late_rewards
+
+    monkeypatch.setattr(late_rewards, "SHARD_MEMORY", 2)
+    book = late_rewards.ShardLateRewards()
+    for rid in ("r1", "r2", "r3"):
+        book.opened(rid)
+    book.post("r3", 1)
+    book.post("r2", 0.25)
+    with pytest.raises(ConfigError, match="no session of rollout 'r1' was opened on this gateway shard"):
+        book.post("r1", 0.5)
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        book.post("r2", float("nan"))
+    assert book.take() == {"r3": 1.0, "r2": 0.25}
+    assert book.take() == {}
 
 
 def test_the_stack_gives_shards_the_trainers_late_reward_book(
@@ -117,6 +178,12 @@ def test_the_stack_gives_shards_the_trainers_late_reward_book(
         "gateway": {"shards": 2, "host": "127.0.0.1", "port": 0},
         "sampler": {"kind": "sglang", "urls": ["http://127.0.0.1:30000"]},
     })
-    server, shards = asyncio.run(rollout_stack._serve(cfg, gw, ""))  # type: ignore[arg-type]
+
+    async def serve() -> tuple[Any, Any]:
+        server, shards = await rollout_stack._serve(cfg, gw, "")  # type: ignore[arg-type]
+        await shards.aclose()
+        return server, shards
+
+    server, shards = asyncio.run(serve())
     assert server is None and shards is not None and started[0][1] == 2
     assert shards.late_rewards is gw.late_rewards
