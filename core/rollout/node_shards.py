@@ -17,7 +17,8 @@ and its model calls never leave the node. Defines:
   weight versions are ``GatewayShards``' own, over HTTP to each shard. A shard whose
   process exits, or whose actor or node is lost, fails only that node's rollouts
   (``ShardLost`` naming the shard, its node and why); new rollouts go to the nodes whose
-  shard is alive.
+  shard is alive. A node that gets agent actors after the start (an actor Ray recreated
+  there, a node an autoscaler added) gets its shard when the runtime first looks there.
 """
 
 from __future__ import annotations
@@ -181,6 +182,57 @@ class _NodeShard:
         return ShardLost(f"{self.name()}: {what}")
 
 
+@dataclass
+class _Launch:
+    """What starting this run's shard actors takes: the spec, the tokenizer, the runtime."""
+
+    spec: dict[str, Any]
+    files: dict[str, bytes]
+    runtime: RayRuntime
+    timeout_s: float
+
+    async def start(self, nodes: list[str], *, first_index: int) -> list[_NodeShard]:
+        """A shard actor pinned to each of ``nodes``, started and listening.
+
+        Raises:
+            RuntimeStartError: a shard did not come up (its error, or its node, is named).
+        """
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        runtime = self.runtime
+        remote = ray.remote(ShardHost)
+        handles: list[Any] = []
+        for i, node in enumerate(nodes, start=first_index):
+            options: dict[str, Any] = {
+                "name": f"{SHARD_ACTOR_PREFIX}{runtime.run_id}-{i}",
+                "namespace": runtime.config.namespace,
+                "num_cpus": 0,  # the shard's CPU is the agents' (per node: docs/scale.md)
+                "max_restarts": 0,  # a lost shard's sessions are gone; its node's rollouts fail
+                "max_task_retries": 0,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+            }
+            if runtime.config.runtime_env:
+                options["runtime_env"] = dict(runtime.config.runtime_env)
+            handles.append(remote.options(**options).remote(i, self.spec, self.files))
+        try:
+            async with asyncio.timeout(self.timeout_s + 30):
+                infos = await asyncio.gather(*(awaitable(h.start.remote(self.timeout_s)) for h in handles))
+        except BaseException as exc:
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(h, no_restart=True)
+            if isinstance(exc, TimeoutError | ray.exceptions.RayError):
+                raise RuntimeStartError(
+                    f"gateway.shards=per_node: a gateway shard on a Ray node did not start: {_cause(exc)}"
+                ) from None
+            raise
+        return [
+            _NodeShard(i, h, node, root_url=str(info["root_url"]), pid=int(info["pid"]))
+            for i, (h, node, info) in enumerate(zip(handles, nodes, infos, strict=True), start=first_index)
+        ]
+
+
 class NodeShards(GatewayShards):
     """A gateway shard on each node of the ray runtime's agent actors; a ``SessionHost``.
 
@@ -193,6 +245,10 @@ class NodeShards(GatewayShards):
         self.node_shards = shards
         self._by_node = {s.node_id: s for s in shards}
         self._watchers: list[asyncio.Task[None]] = []
+        self._launch: _Launch | None = None
+        """How this run's shards start (``start_on_nodes`` sets it), for nodes added later."""
+        self._late: dict[str, asyncio.Task[None]] = {}
+        """Shards started after the run's start, by node (running or done)."""
         self.sessions_per_node: Counter[str] = Counter()
         """Sessions opened on each node's shard (by Ray node id)."""
 
@@ -202,48 +258,20 @@ class NodeShards(GatewayShards):
     ) -> NodeShards:
         """Start one shard on each node that hosts ``runtime``'s agent actors (started already).
 
+        A node that gets agent actors later (Ray recreated one elsewhere, or an autoscaler
+        added the node) gets its shard when the runtime first looks for a place there
+        (``_hosts``); until it listens and knows the fleet, that node takes no rollouts.
+
         Raises:
             RuntimeStartError: a shard did not come up (its error, or its node, is named).
         """
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         nodes = runtime.node_ids
         if not nodes:
             raise RuntimeStartError("gateway.shards=per_node: the ray runtime has no agent actor placed on a node yet")
-        files = _tokenizer_files(spec)
-        plain = dataclasses.asdict(spec)
-        remote = ray.remote(ShardHost)
-        handles: list[Any] = []
-        for i, node in enumerate(nodes):
-            options: dict[str, Any] = {
-                "name": f"{SHARD_ACTOR_PREFIX}{runtime.run_id}-{i}",
-                "namespace": runtime.config.namespace,
-                "num_cpus": 0,  # the shard's CPU is the agents' (per node: docs/scale.md)
-                "max_restarts": 0,  # a lost shard's sessions are gone; its node's rollouts fail
-                "max_task_retries": 0,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-            }
-            if runtime.config.runtime_env:
-                options["runtime_env"] = dict(runtime.config.runtime_env)
-            handles.append(remote.options(**options).remote(i, plain, files))
-        try:
-            async with asyncio.timeout(timeout_s + 30):
-                infos = await asyncio.gather(*(awaitable(h.start.remote(timeout_s)) for h in handles))
-        except BaseException as exc:
-            for h in handles:
-                with contextlib.suppress(Exception):
-                    ray.kill(h, no_restart=True)
-            if isinstance(exc, TimeoutError | ray.exceptions.RayError):
-                raise RuntimeStartError(
-                    f"gateway.shards=per_node: a gateway shard on a Ray node did not start: {_cause(exc)}"
-                ) from None
-            raise
-        shards = [
-            _NodeShard(i, h, node, root_url=str(info["root_url"]), pid=int(info["pid"]))
-            for i, (h, node, info) in enumerate(zip(handles, nodes, infos, strict=True))
-        ]
+        launch = _Launch(dataclasses.asdict(spec), _tokenizer_files(spec), runtime, timeout_s)
+        shards = await launch.start(nodes, first_index=0)
         self = cls(shards, str(spec.gateway["admin_token"]), runtime)
+        self._launch = launch
         for shard in shards:
             self._watchers.append(asyncio.create_task(self._watch(shard), name=f"watch-shard-{shard.index}"))
         return self
@@ -253,9 +281,36 @@ class NodeShards(GatewayShards):
         return self._by_node[node_id]
 
     def _hosts(self, node_id: str) -> bool:
-        """True when ``node_id`` has a live shard (the runtime places rollouts only there)."""
+        """True when ``node_id`` has a live shard (the runtime places rollouts only there).
+
+        A node that never had a shard gets one started in the background; a node whose shard
+        died keeps none (its sessions were lost with it; docs/scale.md)."""
         shard = self._by_node.get(node_id)
+        if shard is None and node_id and self._launch is not None and node_id not in self._late:
+            self._late[node_id] = asyncio.get_running_loop().create_task(
+                self._start_late(node_id), name=f"start-shard-{node_id[:12]}"
+            )
         return shard is not None and shard.alive
+
+    async def _start_late(self, node_id: str) -> None:
+        """Start the shard of a node that got agent actors after the start, tell it what the
+        other shards know of the fleet, then let the runtime place rollouts there."""
+        assert self._launch is not None
+        try:
+            (shard,) = await self._launch.start([node_id], first_index=len(self.node_shards))
+        except RuntimeStartError as exc:
+            logger.warning("gateway.shards=per_node: %s; the agent actors on node %s take no rollouts",
+                           exc, node_id[:12])
+            return
+        self.shards.append(shard)  # from here on holds and releases reach it too
+        self.node_shards.append(shard)
+        self._watchers.append(asyncio.create_task(self._watch(shard), name=f"watch-shard-{shard.index}"))
+        await self.catch_up(shard)
+        if not shard.alive:
+            return
+        self._by_node[node_id] = shard
+        logger.warning("%s started: its node got agent actors after the run started", shard.name())
+        await self.runtime.placement_changed()
 
     async def open(self, sampling: SamplingParams, metadata: dict[str, Any]) -> tuple[str, str]:
         """Take the rollout's place on an agent actor first, then open its session on that
@@ -305,7 +360,7 @@ class NodeShards(GatewayShards):
 
     async def aclose(self) -> None:
         """Stop every shard and its actor; idempotent."""
-        for task in self._watchers:
+        for task in [*self._watchers, *self._late.values()]:
             task.cancel()
         self._watchers = []
         self._stop_tasks()

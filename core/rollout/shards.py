@@ -276,6 +276,14 @@ class GatewayShards:
         """The trainer's HTTP sampler, once ``follow`` was called."""
         self._fleet_task: asyncio.Task[None] | None = None
         self._rewards_task: asyncio.Task[None] | None = None
+        self._fleet_state: dict[str, Any] = {}
+        """What the shards were last told of the fleet (version, retired, serving), for a
+        shard that starts later (``catch_up``)."""
+        self._held: int | None = None
+        """The version of the weight push the shards are held for; None when not held."""
+        self._sampler_lock = asyncio.Lock()
+        """Orders what the shards are told of the fleet, so a late shard's ``catch_up`` never
+        overtakes a newer message."""
         self._folder = folder
         self._owner: dict[str, Shard] = {}
         self._next = 0
@@ -404,8 +412,7 @@ class GatewayShards:
         push retired (``retired``: URL -> why), so no shard samples from them again; a shard
         that does not answer is stopped, as in ``hold``."""
         body = {"weight_version": int(version), "retired": dict(retired or {})}
-        what = f"weight version {version}"
-        await asyncio.gather(*(self._tell(s, "/admin/sampler", body, what) for s in self.shards if s.alive))
+        await self._tell_all("/admin/sampler", body, f"weight version {version}")
 
     async def announce(self, report: Any) -> None:
         """``set_weight_version`` from a ``core.samplers.weights.PushReport`` (``Fleet.after_push``)."""
@@ -441,9 +448,7 @@ class GatewayShards:
                     self._fleet.pool.ensure_health_checks(self._fleet.client())
                 view = self._view()
                 if view != sent:
-                    await asyncio.gather(*(
-                        self._tell(s, "/admin/sampler", view, "servers in rotation") for s in self.shards if s.alive
-                    ))
+                    await self._tell_all("/admin/sampler", view, "servers in rotation")
                     sent = view
             except Exception as exc:  # a bug here must not stop the shards' view for good
                 if self._http.is_closed:
@@ -495,10 +500,8 @@ class GatewayShards:
         """Every live shard's sampler holds (``POST /admin/sampler/hold``, answered once
         nothing more reaches a server) before the push of ``version``; a shard that does not
         acknowledge within ``hold_timeout_s`` is stopped (its rollouts fail naming why)."""
-        await asyncio.gather(*(
-            self._tell(s, "/admin/sampler/hold", {}, f"hold for the weight push to version {version}")
-            for s in self.shards if s.alive
-        ))
+        self._held = version
+        await self._tell_all("/admin/sampler/hold", {}, f"hold for the weight push to version {version}")
 
     async def release(self, report: Any) -> None:
         """After a push (``report``: a ``PushReport``, None when it failed): every live shard
@@ -508,7 +511,24 @@ class GatewayShards:
             retired = {**body.get("retired", {}), **dict(report.retired)}
             body.update(weight_version=int(report.version), retired=retired, updated=list(report.updated))
         what = "release after the weight push" + (f" to version {report.version}" if report is not None else "")
-        await asyncio.gather(*(self._tell(s, "/admin/sampler/release", body, what) for s in self.shards if s.alive))
+        self._held = None
+        await self._tell_all("/admin/sampler/release", body, what)
+
+    async def _tell_all(self, route: str, body: dict[str, Any], what: str) -> None:
+        """``_tell`` every live shard, remembering what they now know of the fleet."""
+        async with self._sampler_lock:
+            if route != "/admin/sampler/hold":
+                self._fleet_state.update({k: v for k, v in body.items() if k != "updated"})
+            await asyncio.gather(*(self._tell(s, route, body, what) for s in self.shards if s.alive))
+
+    async def catch_up(self, shard: Shard) -> None:
+        """Tell a shard started after the others what they were told: the weight version,
+        the servers retired and in rotation, and a hold while a push is under way."""
+        async with self._sampler_lock:
+            if self._fleet_state:
+                await self._tell(shard, "/admin/sampler", dict(self._fleet_state), "the fleet, for a shard started late")
+            if self._held is not None:
+                await self._tell(shard, "/admin/sampler/hold", {}, f"hold for the weight push to version {self._held}")
 
     async def _tell(self, shard: Shard, route: str, body: dict[str, Any], what: str) -> None:
         """POST ``route`` to ``shard``; one that does not answer 200 in time is stopped."""

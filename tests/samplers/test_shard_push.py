@@ -133,6 +133,63 @@ def test_two_shards_hold_through_a_push_and_continue_aborted_turns_on_the_new_we
     assert salts.count("tracerl-v0") == 4 and salts.count("tracerl-v7") == 6
 
 
+class _JoinWhileHeld:
+    """The shards as the pusher's follower; once they are held, one more shard joins
+    (``catch_up``, as a per-node shard started after the run's start does) and an agent
+    sends a turn to each shard, which must wait for the release."""
+
+    def __init__(self, shards: GatewayShards, joining: Any, events: list[str]) -> None:
+        self.shards, self.joining, self.events = shards, joining, events
+        self.turns: list[tuple[str, asyncio.Task[None]]] = []
+
+    async def hold(self, version: int) -> None:
+        await self.shards.hold(version)
+        self.shards.shards.append(self.joining)
+        await self.shards.catch_up(self.joining)
+        self.events.append("joined")
+        self.turns = [await _turn(self.shards, i) for i in (8, 9)]  # one on each shard
+        await asyncio.sleep(0.5)  # time for the turns to reach a server, were they not held
+
+    async def release(self, report: PushReport | None) -> None:
+        self.events.append("releasing")
+        await self.shards.release(report)
+
+
+def test_a_shard_that_joins_during_a_push_is_held_and_samples_under_the_new_version(
+    make_standin: Any, byte_tokenizer: Any, tmp_path: Path
+) -> None:
+    """``GatewayShards.catch_up``: a shard that joins while the others are held for a push
+    learns the version they were told (3, from an earlier push) and is held too; its turn
+    reaches the server only after the release, entirely under the new weights (7)."""
+    events: list[str] = []
+    standin, url = make_standin(mode="decode", tick_s=0.05, reload_s=0.5, events=events)
+    trainer = sampler_for("vllm", [url], abort_on_push=True)
+
+    async def go() -> dict[int, Harvest | None]:
+        shards = await _start(byte_tokenizer, url, tmp_path)
+        try:
+            joining = shards.shards.pop()  # as if it started after the others
+            await shards.set_weight_version(3)  # told to the others only
+            follower = _JoinWhileHeld(shards, joining, events)
+            pusher = WeightPusher(trainer)
+            pusher.followers.append(follower)
+            report = await pusher.push(WEIGHTS, 7)
+            assert report.updated == [url] and len(follower.turns) == 2
+            await asyncio.wait_for(asyncio.gather(*(task for _, task in follower.turns)), 60)
+            where = {shards.shard_of(sid): sid for sid, _ in follower.turns}
+            return {shard: await shards.harvest(sid) for shard, sid in where.items()}
+        finally:
+            await shards.aclose()
+            await trainer.aclose()
+
+    harvests = asyncio.run(go())
+    assert sorted(harvests) == [0, 1]  # shard 1 is the one that joined
+    between = events[events.index("joined") : events.index("releasing")]
+    assert not [e for e in between if e.endswith("/generate")], between
+    for harvest in harvests.values():
+        assert [v for _, _, v in _check_tokens(harvest)] == [7]
+
+
 def test_a_shard_that_does_not_acknowledge_the_hold_is_stopped_and_fails_its_rollouts(
     make_standin: Any, byte_tokenizer: Any, tmp_path: Path
 ) -> None:

@@ -221,6 +221,64 @@ def test_a_dead_node_shard_fails_only_its_nodes_rollouts(
     asyncio.run(go())
 
 
+def test_a_node_that_gets_agent_actors_later_gets_its_own_shard(
+    ray_cluster: Cluster, byte_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node with agent actors and no shard gets one when the runtime first looks for a
+    place there, told the weight version the other shards were told, and its rollouts then
+    run on it. (The run's shards are started as if only the first node had actors: what a
+    node added by an autoscaler, or an actor Ray recreated elsewhere, looks like to them.)"""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+
+    async def go() -> None:
+        rt = _runtime(ray_cluster, gateway_host="")
+        await rt.start()
+        try:
+            nodes = rt.node_ids
+            assert len(nodes) == 2
+            spec = shard_spec(_gateway(byte_tokenizer), {"kind": "scripted", "reply": REPLY}, tmp_path)
+            monkeypatch.setattr(RayRuntime, "node_ids", property(lambda self: nodes[:1]))
+            shards = await NodeShards.start_on_nodes(spec, rt)
+            monkeypatch.undo()
+            try:
+                assert [s.node_id for s in shards.node_shards] == nodes[:1]
+                await shards.set_weight_version(3)
+                runner = _runner(rt, sessions=shards)
+                tasks = [
+                    asyncio.create_task(runner.run_one(p, group_id="g", sampling=SAMPLING)) for p in _payloads(12, gate)
+                ]
+                # The first node's actor takes four (agents_per_actor); the second node's four
+                # more once its shard is up; all eight wait at the gate, the rest queue.
+                deadline = time.monotonic() + 120
+                while len(list(gate.glob("*.first"))) < 8:
+                    assert time.monotonic() < deadline, "the second node never took rollouts"
+                    await asyncio.sleep(0.1)
+                (gate / "go").write_text("")
+                outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+                assert [o.result.status for o in outcomes] == [RolloutStatus.OK] * 12, [
+                    o.result.error for o in outcomes
+                ]
+                late = shards.node_shards[1]
+                assert late.node_id == nodes[1] and late.alive and late.index == 1
+                on_late = [o for o in outcomes if o.request.base_url == late.base_url]
+                assert len(on_late) >= 4 and shards.sessions_per_node[nodes[1]] == len(on_late)
+                for o in outcomes:
+                    assert len(o.rows) == 1 and len(o.rows[0].turns) == 2
+                    assert {t.weight_version for t in o.rows[0].turns} == {3}, o.request.base_url
+            finally:
+                pids = [s.pid for s in shards.node_shards]
+                await shards.aclose()
+                deadline = time.monotonic() + 15
+                while any(alive(p) for p in pids) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                assert not [p for p in pids if alive(p)], "a shard process outlived aclose"
+        finally:
+            await rt.aclose()
+
+    asyncio.run(go())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_training_run_with_a_gateway_shard_per_node(ray_cluster: Cluster, tmp_path: Path) -> None:
