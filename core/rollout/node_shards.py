@@ -249,6 +249,8 @@ class NodeShards(GatewayShards):
         """How this run's shards start (``start_on_nodes`` sets it), for nodes added later."""
         self._late: dict[str, asyncio.Task[None]] = {}
         """Shards started after the run's start, by node (running or done)."""
+        self._indexes = len(shards)
+        """Shard indexes given out (each names its actor), late starts included."""
         self.sessions_per_node: Counter[str] = Counter()
         """Sessions opened on each node's shard (by Ray node id)."""
 
@@ -287,17 +289,18 @@ class NodeShards(GatewayShards):
         died keeps none (its sessions were lost with it; docs/scale.md)."""
         shard = self._by_node.get(node_id)
         if shard is None and node_id and self._launch is not None and node_id not in self._late:
+            self._indexes += 1
             self._late[node_id] = asyncio.get_running_loop().create_task(
-                self._start_late(node_id), name=f"start-shard-{node_id[:12]}"
+                self._start_late(node_id, self._indexes - 1), name=f"start-shard-{node_id[:12]}"
             )
         return shard is not None and shard.alive
 
-    async def _start_late(self, node_id: str) -> None:
+    async def _start_late(self, node_id: str, index: int) -> None:
         """Start the shard of a node that got agent actors after the start, tell it what the
         other shards know of the fleet, then let the runtime place rollouts there."""
         assert self._launch is not None
         try:
-            (shard,) = await self._launch.start([node_id], first_index=len(self.node_shards))
+            (shard,) = await self._launch.start([node_id], first_index=index)
         except RuntimeStartError as exc:
             logger.warning("gateway.shards=per_node: %s; the agent actors on node %s take no rollouts",
                            exc, node_id[:12])
