@@ -192,22 +192,24 @@ def run_hydra(config_name: str, argv: list[str], body: Callable[[DictConfig], in
     entry = hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name=config_name, version_base=VERSION_BASE)(task)
     saved_argv = sys.argv
     sys.argv = [saved_argv[0] if saved_argv else module, *argv]
+    before = list(logging.getLogger().handlers)
     try:
         entry()
     finally:
         sys.argv = saved_argv
-        _close_job_log()
+        _close_job_log(before)
     return result.get("code", 0)
 
 
-def _close_job_log() -> None:
-    """Close the ``<name>.log`` handlers Hydra attached to the root logger.
+def _close_job_log(before: list[logging.Handler]) -> None:
+    """Close the file handlers the run attached to the root logger (Hydra's ``<name>.log``),
+    leaving those that were there before it (a notebook's own log, ``pytest --log-file``).
 
     Hydra opens the job's log file and never closes it; the next in-process run (a test, a
     notebook) reconfigures logging and drops the handler with its file still open.
     """
     root = logging.getLogger()
     for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler):
+        if isinstance(handler, logging.FileHandler) and handler not in before:
             root.removeHandler(handler)
             handler.close()

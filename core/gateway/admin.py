@@ -73,6 +73,14 @@ class RewardBody(BaseModel):
     reward: float = Field(allow_inf_nan=False, strict=True)
 
 
+class TakeBody(BaseModel):
+    """Body of ``POST /admin/late_rewards/take`` (a shard's): ``ack``, the ``through`` of the
+    last take whose answer the trainer received (0: none yet); those rewards are forgotten."""
+
+    model_config = ConfigDict(extra="forbid")
+    ack: int = Field(0, ge=0, strict=True)
+
+
 class SamplerVersionBody(BaseModel):
     """Body of ``POST /admin/sampler`` and ``POST /admin/sampler/release``: what the trainer's
     fleet looks like now (every field optional; a release without ``weight_version``: the
@@ -214,7 +222,9 @@ def admin_routes(gateway: Gateway) -> list[Route]:
         take = getattr(gateway.late_rewards, "take", None)
         if take is None:
             raise not_found("this gateway is not a shard: late rewards reach its rollouts when posted")
-        return {"rewards": take()}
+        body = await read_body(request, TakeBody, "take", '; send {"ack": <the last answer\'s through>}')
+        taken = take(body.ack)
+        return {"rewards": taken.rewards, "through": taken.through}
 
     async def trainer_decides(server: Any) -> bool:
         return False  # a server back from unhealthy waits for the trainer's word (``serving``)

@@ -9,13 +9,14 @@ A reward posted before the wait starts is kept until it does.
 
 With ``gateway.shards`` the rollouts wait in the trainer's book and each shard keeps a
 ``ShardLateRewards``: it takes posts for the rollouts whose sessions it opened and holds them
-until the trainer collects them (``POST /admin/late_rewards/take``, about twice a second
-while a rollout waits; ``core.rollout.shards.GatewayShards``).
+until the trainer has collected them (``POST /admin/late_rewards/take``, about twice a second
+while a rollout waits; ``core.rollout.shard_rewards``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -23,7 +24,9 @@ from dataclasses import dataclass, field
 
 from core.errors import ConfigError
 
-__all__ = ["LateRewards", "ShardLateRewards", "check_reward"]
+__all__ = ["LateRewards", "ShardLateRewards", "Taken", "check_reward"]
+
+log = logging.getLogger("core.gateway.late_rewards")
 
 SHARD_MEMORY = 100_000
 """Rollout ids a shard remembers having opened a session for (the oldest are forgotten first)."""
@@ -97,16 +100,29 @@ class LateRewards:
 
 
 @dataclass
+class Taken:
+    """What a shard hands the trainer: the rewards not yet acknowledged, and the number of the
+    last post among them (the trainer sends it back as ``ack`` once it has them)."""
+
+    rewards: dict[str, float]
+    through: int
+
+
+@dataclass
 class ShardLateRewards(LateRewards):
     """A gateway shard's book: it keeps each reward posted for a rollout whose session it opened
-    until the trainer takes it (``take``); the rollouts themselves wait in the trainer's book.
+    until the trainer acknowledges having it (``take``); the rollouts wait in the trainer's book.
 
     A post for a rollout this shard never opened a session for is refused (404), naming where
-    it must go: a reward posted to the wrong shard would otherwise never be delivered.
+    it must go: a reward posted to the wrong shard would otherwise never be delivered. A take
+    whose answer is lost (a reset connection, a timeout) loses nothing: the rewards stay until
+    a later take acknowledges them.
     """
 
     _opened: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    _outbox: dict[str, float] = field(default_factory=dict)
+    _outbox: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Rollout id -> (number of the post, reward), in the order posted."""
+    _posts: int = 0
 
     def opened(self, rollout_id: str) -> None:
         self._opened[rollout_id] = None
@@ -114,7 +130,7 @@ class ShardLateRewards(LateRewards):
             self._opened.popitem(last=False)
 
     def post(self, rollout_id: str, reward: float) -> None:
-        """Keep the reward of ``rollout_id`` for the trainer.
+        """Keep the reward of ``rollout_id`` for the trainer (a second post replaces the first).
 
         Raises:
             ConfigError: the reward is not a finite number, or no session of that rollout
@@ -127,9 +143,18 @@ class ShardLateRewards(LateRewards):
                 "post its reward to the shard its agent called (the base URL the agent was given), or in "
                 "the trainer's process (LateRewards.post on the trainer's gateway.late_rewards)"
             )
-        self._outbox[rollout_id] = value
+        self._posts += 1
+        self._outbox.pop(rollout_id, None)
+        self._outbox[rollout_id] = (self._posts, value)
+        if len(self._outbox) > SHARD_MEMORY:  # no trainer took them for a long time
+            oldest = next(iter(self._outbox))
+            del self._outbox[oldest]
+            log.warning("gateway shard: dropped the late reward of rollout %r: more than %d rewards were "
+                        "waiting for the trainer to take them", oldest, SHARD_MEMORY)
 
-    def take(self) -> dict[str, float]:
-        """The rewards posted since the last ``take`` (the trainer delivers them to its book)."""
-        out, self._outbox = self._outbox, {}
-        return out
+    def take(self, ack: int = 0) -> Taken:
+        """Forget the rewards of posts up to number ``ack`` (the trainer has them), and hand
+        over the rest."""
+        if ack:
+            self._outbox = {rid: entry for rid, entry in self._outbox.items() if entry[0] > ack}
+        return Taken({rid: value for rid, (_, value) in self._outbox.items()}, self._posts)

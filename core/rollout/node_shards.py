@@ -60,6 +60,8 @@ logger = logging.getLogger("core.rollout.node_shards")
 
 SHARD_ACTOR_PREFIX = "tracerl-shard-"
 """Names of the shard actors start with this (then the runtime's id and the shard index)."""
+LATE_RETRY_S = 60.0
+"""How long after a late shard's failed start its node may be tried again."""
 
 
 _TOKENIZER_FOLDERS = ("tokenizer", "tokenizer-split")
@@ -248,7 +250,10 @@ class NodeShards(GatewayShards):
         self._launch: _Launch | None = None
         """How this run's shards start (``start_on_nodes`` sets it), for nodes added later."""
         self._late: dict[str, asyncio.Task[None]] = {}
-        """Shards started after the run's start, by node (running or done)."""
+        """Shards started after the run's start, by node (running, done, or failed and
+        waiting ``LATE_RETRY_S`` before the node may be tried again)."""
+        self._starting: set[str] = set()
+        """Nodes whose late shard is starting now."""
         self._indexes = len(shards)
         """Shard indexes given out (each names its actor), late starts included."""
         self.sessions_per_node: Counter[str] = Counter()
@@ -285,35 +290,59 @@ class NodeShards(GatewayShards):
     def _hosts(self, node_id: str) -> bool:
         """True when ``node_id`` has a live shard (the runtime places rollouts only there).
 
-        A node that never had a shard gets one started in the background; a node whose shard
-        died keeps none (its sessions were lost with it; docs/scale.md)."""
+        A node that never had a shard gets one started in the background (``_starting`` until
+        it can take rollouts); a node whose shard died keeps none (its sessions were lost with
+        it; docs/scale.md)."""
         shard = self._by_node.get(node_id)
         if shard is None and node_id and self._launch is not None and node_id not in self._late:
             self._indexes += 1
+            self._starting.add(node_id)
             self._late[node_id] = asyncio.get_running_loop().create_task(
                 self._start_late(node_id, self._indexes - 1), name=f"start-shard-{node_id[:12]}"
             )
         return shard is not None and shard.alive
 
+    def _is_starting(self, node_id: str) -> bool:
+        """True while ``node_id``'s late shard is starting: rollouts may wait for it."""
+        return node_id in self._starting
+
     async def _start_late(self, node_id: str, index: int) -> None:
         """Start the shard of a node that got agent actors after the start, tell it what the
-        other shards know of the fleet, then let the runtime place rollouts there."""
-        assert self._launch is not None
+        other shards know of the fleet, then let the runtime place rollouts there. A start
+        that fails is logged, and tried again ``LATE_RETRY_S`` later (when the runtime next
+        looks at the node)."""
         try:
-            (shard,) = await self._launch.start([node_id], first_index=index)
+            started = await self._bring_up(node_id, index)
+        except Exception as exc:  # a bug, or Ray refusing the actor: that node takes no rollouts
+            logger.error("gateway.shards=per_node: starting a gateway shard on node %s failed: %s",
+                         node_id[:12], _cause(exc), exc_info=exc)
+            started = False
+        self._starting.discard(node_id)
+        await self.runtime.placement_changed()  # rollouts waiting for this node look again
+        if not started:
+            await asyncio.sleep(LATE_RETRY_S)
+            self._late.pop(node_id, None)
+
+    async def _bring_up(self, node_id: str, index: int) -> bool:
+        """``_start_late``'s work; True once the node's shard takes rollouts."""
+        launch = self._launch
+        if launch is None:
+            return False  # closed meanwhile
+        try:
+            (shard,) = await launch.start([node_id], first_index=index)
         except RuntimeStartError as exc:
-            logger.warning("gateway.shards=per_node: %s; the agent actors on node %s take no rollouts",
-                           exc, node_id[:12])
-            return
+            logger.warning("gateway.shards=per_node: %s; the agent actors on node %s take no rollouts "
+                           "until a start succeeds", exc, node_id[:12])
+            return False
         self.shards.append(shard)  # from here on holds and releases reach it too
         self.node_shards.append(shard)
         self._watchers.append(asyncio.create_task(self._watch(shard), name=f"watch-shard-{shard.index}"))
         await self.catch_up(shard)
         if not shard.alive:
-            return
+            return False
         self._by_node[node_id] = shard
-        logger.warning("%s started: its node got agent actors after the run started", shard.name())
-        await self.runtime.placement_changed()
+        logger.info("%s started: its node got agent actors after the run started", shard.name())
+        return True
 
     async def open(self, sampling: SamplingParams, metadata: dict[str, Any]) -> tuple[str, str]:
         """Take the rollout's place on an agent actor first, then open its session on that
@@ -326,7 +355,7 @@ class NodeShards(GatewayShards):
         rollout_id = str(metadata.get("rollout_id") or "")
         if not rollout_id:
             raise ConfigError("gateway.shards=per_node opens a session per rollout: metadata needs its rollout_id")
-        node = await self.runtime.reserve(rollout_id, self._hosts)
+        node = await self.runtime.reserve(rollout_id, self._hosts, wait_for=self._is_starting)
         if node is None:
             dead = "; ".join(str(s.gone("")) for s in self.node_shards if not s.alive)
             raise ShardLost(
@@ -363,6 +392,7 @@ class NodeShards(GatewayShards):
 
     async def aclose(self) -> None:
         """Stop every shard and its actor; idempotent."""
+        self._launch = None  # no late shard starts from here on
         for task in [*self._watchers, *self._late.values()]:
             task.cancel()
         self._watchers = []

@@ -130,8 +130,8 @@ class RolloutRunner:
             finally:
                 self._active.pop(rollout_id, None)
                 found, faults, shard_error = await self._close_session(sid)
-        if result.status is RolloutStatus.REWARD_PENDING and late is not None:
-            result = await self._await_reward(late, result)
+        if result.status is RolloutStatus.REWARD_PENDING and late is not None and not shard_error:
+            result = await self._await_reward(late, result)  # (a lost shard's rollout waits for nothing)
         elif late is not None:
             late.forget(rollout_id)
         if shard_error:

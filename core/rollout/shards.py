@@ -47,6 +47,7 @@ from core.gateway.config import GatewayConfig
 from core.gateway.harvest import Harvest, harvest_from_json
 from core.gateway.late_rewards import LateRewards, ShardLateRewards
 from core.rollout.sessions import ShardLost
+from core.rollout.shard_rewards import RewardCollector
 from core.types import SamplingParams
 
 __all__ = ["GatewayShards", "Shard", "ShardLateRewards", "ShardSpec", "build_shard_gateway", "read_spec", "shard_spec"]
@@ -57,9 +58,6 @@ HOLD_TIMEOUT_S = 30.0
 """How long a shard may take to acknowledge a hold (or a release) at a weight push."""
 VIEW_INTERVAL_S = 1.0
 """How often the trainer checks whether the servers it routes to changed (``follow``)."""
-LATE_REWARD_POLL_S = 0.5
-"""How often, while a rollout waits for its late reward, the trainer collects the rewards
-posted to its shards (``collect_late_rewards``)."""
 
 
 @dataclass
@@ -459,35 +457,13 @@ class GatewayShards:
     def collect_late_rewards(self, book: LateRewards | None) -> None:
         """Let ``reward_pending`` rollouts wait in ``book`` (the trainer's, which
         ``start_rollout_stack`` passes), and deliver to it the rewards posted to the shards
-        (``POST /admin/rollouts/{id}/reward`` on the shard whose base URL the agent was given):
-        every ``LATE_REWARD_POLL_S`` while a rollout waits, each live shard hands over what was
-        posted to it (``POST /admin/late_rewards/take``)."""
+        (``POST /admin/rollouts/{id}/reward`` on the shard whose base URL the agent was given;
+        ``core.rollout.shard_rewards``)."""
         self.late_rewards = book
         if book is not None and self._rewards_task is None:
+            collector = RewardCollector(self._http, self.shards, book)
             loop = asyncio.get_running_loop()
-            self._rewards_task = loop.create_task(self._collect_rewards(book), name="tracerl-shards-rewards")
-
-    async def _collect_rewards(self, book: LateRewards) -> None:
-        while not self._http.is_closed:
-            await asyncio.sleep(LATE_REWARD_POLL_S)
-            if not book.waiting:
-                continue
-            for shard in [s for s in self.shards if s.alive]:
-                try:
-                    resp = await self._http.post(shard.root_url + "/admin/late_rewards/take")
-                    resp.raise_for_status()
-                    rewards = resp.json()["rewards"]
-                except Exception as exc:  # a dead shard fails its own rollouts; the rest go on
-                    if self._http.is_closed:
-                        return
-                    print(f"warning: collecting late rewards from {shard.name()} failed: {exc!r}", file=sys.stderr)
-                    continue
-                for rollout_id, reward in rewards.items():
-                    try:
-                        book.post(rollout_id, reward)
-                    except ConfigError as exc:
-                        print(f"warning: a late reward posted to {shard.name()} was not delivered: {exc}",
-                              file=sys.stderr)
+            self._rewards_task = loop.create_task(collector.run(), name="tracerl-shards-rewards")
 
     def _stop_tasks(self) -> None:
         """Cancel the fleet view and the late-reward collection."""
@@ -500,8 +476,9 @@ class GatewayShards:
         """Every live shard's sampler holds (``POST /admin/sampler/hold``, answered once
         nothing more reaches a server) before the push of ``version``; a shard that does not
         acknowledge within ``hold_timeout_s`` is stopped (its rollouts fail naming why)."""
-        self._held = version
-        await self._tell_all("/admin/sampler/hold", {}, f"hold for the weight push to version {version}")
+        async with self._sampler_lock:
+            self._held = version
+            await self._tell_live("/admin/sampler/hold", {}, f"hold for the weight push to version {version}")
 
     async def release(self, report: Any) -> None:
         """After a push (``report``: a ``PushReport``, None when it failed): every live shard
@@ -511,15 +488,25 @@ class GatewayShards:
             retired = {**body.get("retired", {}), **dict(report.retired)}
             body.update(weight_version=int(report.version), retired=retired, updated=list(report.updated))
         what = "release after the weight push" + (f" to version {report.version}" if report is not None else "")
-        self._held = None
-        await self._tell_all("/admin/sampler/release", body, what)
+        async with self._sampler_lock:
+            self._held = None
+            await self._tell_live("/admin/sampler/release", body, what)
 
     async def _tell_all(self, route: str, body: dict[str, Any], what: str) -> None:
-        """``_tell`` every live shard, remembering what they now know of the fleet."""
+        """``_tell`` every live shard what changed in the fleet (no hold or release)."""
         async with self._sampler_lock:
-            if route != "/admin/sampler/hold":
-                self._fleet_state.update({k: v for k, v in body.items() if k != "updated"})
-            await asyncio.gather(*(self._tell(s, route, body, what) for s in self.shards if s.alive))
+            await self._tell_live(route, body, what)
+
+    async def _tell_live(self, route: str, body: dict[str, Any], what: str) -> None:
+        """``_tell`` every live shard, remembering what they now know of the fleet for a shard
+        that starts later; the caller holds ``_sampler_lock``."""
+        if route != "/admin/sampler/hold":
+            for key, value in body.items():
+                if key == "retired":  # retired for good: a later message's list adds to it
+                    self._fleet_state[key] = {**self._fleet_state.get(key, {}), **value}
+                elif key != "updated":
+                    self._fleet_state[key] = value
+        await asyncio.gather(*(self._tell(s, route, body, what) for s in self.shards if s.alive))
 
     async def catch_up(self, shard: Shard) -> None:
         """Tell a shard started after the others what they were told: the weight version,

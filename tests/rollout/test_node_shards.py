@@ -63,3 +63,55 @@ def test_per_node_with_the_backends_sampler_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"gateway.shards=per_node needs a sampler every gateway process can call"):
         shard_sampler(OmegaConf.create({"kind": "backend"}), "per_node")
+
+
+def test_a_late_shard_whose_start_fails_is_logged_and_tried_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node that got agent actors after the start: while its shard starts, rollouts may wait
+    for it (``_is_starting``); a start that fails with any error (here not a Ray one) is logged,
+    the waiting rollouts are woken, and the node is tried again ``LATE_RETRY_S`` later. Ray
+    itself is not involved: the launch and the runtime are stand-ins (the real start is
+    tests/runtime/ray/cluster/test_ray_node_shards.py)."""
+    from core.rollout import node_shards
+
+    monkeypatch.setattr(node_shards, "LATE_RETRY_S", 0.1)
+
+    class Launch:
+        starts = 0
+
+        async def start(self, nodes: list[str], *, first_index: int) -> list[object]:
+            self.starts += 1
+            await asyncio.sleep(0.05)
+            raise ValueError(f"bad actor options for {nodes} (shard {first_index})")
+
+    class Runtime:
+        woken = 0
+
+        async def placement_changed(self) -> None:
+            self.woken += 1
+
+    async def go() -> None:
+        runtime, launch = Runtime(), Launch()
+        shards = node_shards.NodeShards([], "token", runtime)  # type: ignore[arg-type]
+        shards._launch = launch  # type: ignore[assignment]
+        try:
+            assert shards._hosts("node-late") is False
+            assert shards._is_starting("node-late") and launch.starts == 0
+            assert shards._hosts("node-late") is False and len(shards._late) == 1  # one start at a time
+            await asyncio.sleep(0.08)
+            assert not shards._is_starting("node-late") and runtime.woken == 1 and launch.starts == 1
+            shards._hosts("node-late")
+            assert launch.starts == 1 and not shards._is_starting("node-late"), "not again before LATE_RETRY_S"
+            await asyncio.sleep(0.15)
+            shards._hosts("node-late")
+            assert shards._is_starting("node-late"), "tried again"
+            await asyncio.sleep(0.08)
+            assert launch.starts == 2
+        finally:
+            await shards.aclose()
+        assert shards._launch is None
+
+    with caplog.at_level("ERROR", logger="core.rollout.node_shards"):
+        asyncio.run(go())
+    assert "starting a gateway shard on node node-late failed: ValueError: bad actor options" in caplog.text

@@ -79,6 +79,9 @@ def test_late_rewards_posted_to_a_shard_or_in_the_trainer_reach_sharded_rollouts
                         f"{mine}/admin/rollouts/{request.rollout_id}/reward", json={"reward": reward}, headers=admin
                     )
                     posts[request.rollout_id] = reward
+                if request.payload.get("lose_a_take"):  # a take whose answer never reaches the trainer
+                    lost = await client.post(f"{mine}/admin/late_rewards/take", json={}, headers=admin)
+                    assert request.rollout_id in lost.json()["rewards"], lost.text
             await pending.put(request.rollout_id)
             return RolloutResult(request.rollout_id, RolloutStatus.REWARD_PENDING)
 
@@ -102,8 +105,15 @@ def test_late_rewards_posted_to_a_shard_or_in_the_trainer_reach_sharded_rollouts
             assert "the shard its agent called" in refused.text and "LateRewards.post" in refused.text
             assert answers[rid]["bad"].status_code == 400, answers[rid]["bad"].text
 
-            # Posted in the trainer's process while the rollout waits.
+            # A take's answer lost on the way: nothing was acknowledged, so the reward still arrives.
             assert pending.get_nowait() == rid
+            outcome = await asyncio.wait_for(
+                runner.run_one({"post": 0.25, "lose_a_take": True}, group_id="g0", sampling=sampling), 60
+            )
+            assert outcome.result.status is RolloutStatus.OK and outcome.result.reward == 0.25, outcome.result.error
+            assert pending.get_nowait() == outcome.request.rollout_id
+
+            # Posted in the trainer's process while the rollout waits.
             rated = asyncio.create_task(runner.run_one({}, group_id="g2", sampling=sampling))
             rid2 = await asyncio.wait_for(pending.get(), 60)
             await asyncio.sleep(0.2)  # the runner harvests the session, then waits for the reward
@@ -130,7 +140,7 @@ def test_late_rewards_posted_to_a_shard_or_in_the_trainer_reach_sharded_rollouts
             runner.reward_timeout_s = 2.0  # four collections while the next rollout waits
             waiting = await asyncio.wait_for(runner.run_one({}, group_id="g4", sampling=sampling), 60)
             assert waiting.result.status is RolloutStatus.REWARD_TIMEOUT
-            assert posts == {rid: 0.5}
+            assert list(posts.values()) == [0.5, 0.25]
         finally:
             await shards.aclose()
 
@@ -156,8 +166,20 @@ def test_a_shards_book_keeps_rewards_for_the_rollouts_it_served_until_taken(monk
         book.post("r1", 0.5)
     with pytest.raises(ConfigError, match="must be a finite number"):
         book.post("r2", float("nan"))
-    assert book.take() == {"r3": 1.0, "r2": 0.25}
-    assert book.take() == {}
+    first = book.take()
+    assert first.rewards == {"r3": 1.0, "r2": 0.25} and first.through == 2
+    assert book.take() == first, "not acknowledged (the answer may have been lost): handed over again"
+    book.post("r2", 0.75)  # posted again after the take: replaces the reward, with a later number
+    second = book.take(ack=first.through)
+    assert second.rewards == {"r2": 0.75} and second.through == 3
+    assert book.take(ack=second.through).rewards == {}
+    # Rewards nobody takes are bounded too (the oldest posted go first, with a warning).
+    book.opened("r4")
+    book.post("r3", 0.5)
+    book.post("r4", 0.5)
+    book.opened("r5")
+    book.post("r5", 0.5)
+    assert list(book.take().rewards) == ["r4", "r5"]
 
 
 def test_the_stack_gives_shards_the_trainers_late_reward_book(
@@ -179,11 +201,13 @@ def test_the_stack_gives_shards_the_trainers_late_reward_book(
         "sampler": {"kind": "sglang", "urls": ["http://127.0.0.1:30000"]},
     })
 
-    async def serve() -> tuple[Any, Any]:
+    async def serve() -> tuple[Any, Any, bool]:
         server, shards = await rollout_stack._serve(cfg, gw, "")  # type: ignore[arg-type]
+        collecting = shards._rewards_task is not None and not shards._rewards_task.done()
         await shards.aclose()
-        return server, shards
+        return server, shards, collecting
 
-    server, shards = asyncio.run(serve())
+    server, shards, collecting = asyncio.run(serve())
     assert server is None and shards is not None and started[0][1] == 2
     assert shards.late_rewards is gw.late_rewards
+    assert collecting, "the shards collect the rewards posted to them while rollouts wait"

@@ -141,12 +141,15 @@ class _JoinWhileHeld:
     def __init__(self, shards: GatewayShards, joining: Any, events: list[str]) -> None:
         self.shards, self.joining, self.events = shards, joining, events
         self.turns: list[tuple[str, asyncio.Task[None]]] = []
+        self.version_on_joining = -1
 
     async def hold(self, version: int) -> None:
         await self.shards.hold(version)
         self.shards.shards.append(self.joining)
         await self.shards.catch_up(self.joining)
         self.events.append("joined")
+        told = await self.shards._http.post(self.joining.root_url + "/admin/sampler", json={})  # changes nothing
+        self.version_on_joining = told.json()["weight_version"]
         self.turns = [await _turn(self.shards, i) for i in (8, 9)]  # one on each shard
         await asyncio.sleep(0.5)  # time for the turns to reach a server, were they not held
 
@@ -169,12 +172,16 @@ def test_a_shard_that_joins_during_a_push_is_held_and_samples_under_the_new_vers
         shards = await _start(byte_tokenizer, url, tmp_path)
         try:
             joining = shards.shards.pop()  # as if it started after the others
-            await shards.set_weight_version(3)  # told to the others only
+            # Told to the others only: two pushes' retirements (a server the test never ran), version 3.
+            await shards.set_weight_version(2, retired={"http://127.0.0.1:9": "gone"})
+            await shards.set_weight_version(3, retired={"http://127.0.0.1:10": "gone too"})
+            assert shards._fleet_state["retired"] == {"http://127.0.0.1:9": "gone", "http://127.0.0.1:10": "gone too"}
             follower = _JoinWhileHeld(shards, joining, events)
             pusher = WeightPusher(trainer)
             pusher.followers.append(follower)
             report = await pusher.push(WEIGHTS, 7)
             assert report.updated == [url] and len(follower.turns) == 2
+            assert follower.version_on_joining == 3
             await asyncio.wait_for(asyncio.gather(*(task for _, task in follower.turns)), 60)
             where = {shards.shard_of(sid): sid for sid, _ in follower.turns}
             return {shard: await shards.harvest(sid) for shard, sid in where.items()}

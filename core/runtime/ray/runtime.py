@@ -349,11 +349,20 @@ class RayRuntime(RuntimeBase):
         free = [s for s in pool if s.in_flight < self.config.agents_per_actor]
         return min(free, key=lambda s: s.in_flight) if free else None
 
-    async def _acquire(self, where: Callable[[str], bool] | None = None) -> _Slot | None:
+    async def _acquire(
+        self, where: Callable[[str], bool] | None = None, wait_for: Callable[[str], bool] | None = None
+    ) -> _Slot | None:
         """Wait for an actor with room (on a node ``where`` accepts) and take one of its places;
-        None when all such actors are dead."""
+        None when all such actors are dead and no live actor is on a node ``wait_for`` says
+        may be accepted later."""
+
+        def possible(slot: _Slot) -> bool:
+            if slot.dead:
+                return False
+            return where is None or where(slot.node_id) or (wait_for is not None and wait_for(slot.node_id))
+
         async with self._room:
-            while any(not s.dead and (where is None or where(s.node_id)) for s in self._slots):
+            while any(possible(s) for s in self._slots):
                 slot = self._pick(where)
                 if slot is not None:
                     slot.in_flight += 1
@@ -376,17 +385,21 @@ class RayRuntime(RuntimeBase):
 
     # -- placement before the run (gateway.shards=per_node) -------------------------------
 
-    async def reserve(self, rollout_id: str, where: Callable[[str], bool]) -> str | None:
+    async def reserve(
+        self, rollout_id: str, where: Callable[[str], bool], *, wait_for: Callable[[str], bool] | None = None
+    ) -> str | None:
         """Take a place for ``rollout_id`` on the least busy actor whose node ``where`` accepts
         (waiting for room), so that its gateway session can be opened on that node first.
 
         Its ``run_rollout`` then runs on that actor; a rollout that will not run must be
-        ``unreserve``d. Returns the actor's node id; None when no live actor's node is accepted
-        or the runtime is not running.
+        ``unreserve``d. ``wait_for``: nodes not accepted yet that may be soon (a gateway shard
+        starting there); while a live actor is on one, the rollout waits (``placement_changed``
+        wakes it). Returns the actor's node id; None when no live actor's node is accepted or
+        awaited, or the runtime is not running.
         """
         if not self._started or self._closed:
             return None
-        slot = await self._acquire(where)
+        slot = await self._acquire(where, wait_for)
         if slot is None:
             return None
         self._reserved[rollout_id] = slot

@@ -255,3 +255,42 @@ def test_a_reserved_place_is_where_the_rollout_runs_and_only_on_accepted_nodes()
         assert await asyncio.wait_for(waiting, 5) is None
 
     asyncio.run(main())
+
+
+def test_a_rollout_waits_for_a_node_whose_shard_is_starting() -> None:
+    """With no accepted node, ``reserve`` answers None at once, unless a live actor is on a
+    node ``wait_for`` names (its gateway shard is starting): then it waits, and takes a place
+    there once the node is accepted, or answers None once the start failed."""
+
+    async def main() -> None:
+        a = FakeActor("a", asyncio.Event())
+        rt = _runtime([a], agents_per_actor=2)
+        accepted: set[str] = set()
+        starting = {"node-of-a"}
+
+        def where(node: str) -> bool:
+            return node in accepted
+
+        def wait_for(node: str) -> bool:
+            return node in starting
+
+        assert await rt.reserve("r0", where) is None, "nothing accepted and nothing awaited"
+        first = asyncio.create_task(rt.reserve("r1", where, wait_for=wait_for))
+        await asyncio.sleep(0.05)
+        assert not first.done(), "a's node has a shard starting: the rollout waits for it"
+        starting.clear()
+        accepted.add("node-of-a")
+        await rt.placement_changed()
+        assert await asyncio.wait_for(first, 5) == "node-of-a"
+        await rt.unreserve("r1")
+
+        accepted.clear()
+        starting.add("node-of-a")
+        second = asyncio.create_task(rt.reserve("r2", where, wait_for=wait_for))
+        await asyncio.sleep(0.05)
+        assert not second.done()
+        starting.clear()  # the start failed
+        await rt.placement_changed()
+        assert await asyncio.wait_for(second, 5) is None
+
+    asyncio.run(main())

@@ -1,0 +1,80 @@
+"""Late rewards posted to gateway shards, delivered to the trainer's book.
+
+With ``gateway.shards`` a ``reward_pending`` rollout's reward is posted to the shard its agent
+called (``POST /admin/rollouts/{id}/reward``), while the rollout waits in the trainer's book
+(``core.gateway.late_rewards.LateRewards``). ``RewardCollector`` brings the rewards over: every
+``POLL_S`` while a rollout waits it takes what each live shard keeps, from all of them at once
+(``POST /admin/late_rewards/take``), and acknowledges what it received on its next take, so a
+take whose answer is lost loses nothing and a shard that does not answer delays only its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from core.errors import ConfigError
+from core.gateway.late_rewards import LateRewards
+
+if TYPE_CHECKING:
+    from core.rollout.shards import Shard
+
+__all__ = ["POLL_S", "TAKE_TIMEOUT_S", "RewardCollector"]
+
+POLL_S = 0.5
+"""How often, while a rollout waits for its late reward, the trainer takes the shards' rewards."""
+TAKE_TIMEOUT_S = 10.0
+"""How long one shard may take to answer a take (it then keeps its rewards for the next)."""
+
+
+class RewardCollector:
+    """Takes the late rewards posted to ``shards`` into ``book`` (``run``, a background task).
+
+    Args:
+        http: The trainer's admin client for the shards (its token set).
+        shards: The shards; the list may grow (shards started later are taken from too).
+        book: The trainer's book, where the rollouts wait.
+    """
+
+    def __init__(self, http: Any, shards: Sequence[Shard], book: LateRewards) -> None:
+        self.book = book
+        self._http = http
+        self._shards = shards
+        self._acked: dict[str, int] = {}
+        """Shard root URL -> ``through`` of the last answer received from it."""
+        self._failing: set[str] = set()
+        """Shards whose last take failed (warned once until one succeeds)."""
+
+    async def run(self) -> None:
+        """Take from every live shard each ``POLL_S`` while a rollout waits, until the client closes."""
+        while not self._http.is_closed:
+            await asyncio.sleep(POLL_S)
+            if self.book.waiting:
+                await asyncio.gather(*(self.take(s) for s in list(self._shards) if s.alive))
+
+    async def take(self, shard: Shard) -> None:
+        """Acknowledge what ``shard`` last handed over, and deliver what it hands over now."""
+        url = shard.root_url
+        try:
+            resp = await self._http.post(
+                url + "/admin/late_rewards/take", json={"ack": self._acked.get(url, 0)}, timeout=TAKE_TIMEOUT_S
+            )
+            resp.raise_for_status()
+            answer = resp.json()
+            rewards, through = dict(answer["rewards"]), int(answer["through"])
+        except Exception as exc:  # its rewards stay on it; the other shards' are taken meanwhile
+            if self._http.is_closed or url in self._failing:
+                return
+            self._failing.add(url)
+            print(f"warning: collecting late rewards from {shard.name()} failed: {exc!r}; they stay on the "
+                  "shard until a take succeeds (this warning is not repeated until then)", file=sys.stderr)
+            return
+        self._failing.discard(url)
+        self._acked[url] = through
+        for rollout_id, reward in rewards.items():
+            try:
+                self.book.post(rollout_id, reward)
+            except ConfigError as exc:  # its rollout stopped waiting, or never ran under this trainer
+                print(f"warning: a late reward posted to {shard.name()} was not delivered: {exc}", file=sys.stderr)
