@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from core.errors import ConfigError
 from core.gateway.late_rewards import LateRewards
-
-if TYPE_CHECKING:
-    from core.rollout.shards import Shard
 
 __all__ = ["POLL_S", "TAKE_TIMEOUT_S", "RewardCollector"]
 
@@ -27,6 +24,17 @@ POLL_S = 0.5
 """How often, while a rollout waits for its late reward, the trainer takes the shards' rewards."""
 TAKE_TIMEOUT_S = 10.0
 """How long one shard may take to answer a take (it then keeps its rewards for the next)."""
+
+
+class Shard(Protocol):
+    """What a take needs of a shard (``core.rollout.shards.Shard`` has it)."""
+
+    root_url: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    def name(self) -> str: ...
 
 
 class RewardCollector:

@@ -82,6 +82,9 @@ def test_late_rewards_posted_to_a_shard_or_in_the_trainer_reach_sharded_rollouts
                 if request.payload.get("lose_a_take"):  # a take whose answer never reaches the trainer
                     lost = await client.post(f"{mine}/admin/late_rewards/take", json={}, headers=admin)
                     assert request.rollout_id in lost.json()["rewards"], lost.text
+                    for bad in ({"ack": -1}, {"ack": "1"}, {"ack": 1, "more": 2}):
+                        refused = await client.post(f"{mine}/admin/late_rewards/take", json=bad, headers=admin)
+                        assert refused.status_code == 400 and "invalid take at" in refused.text, (bad, refused.text)
             await pending.put(request.rollout_id)
             return RolloutResult(request.rollout_id, RolloutStatus.REWARD_PENDING)
 

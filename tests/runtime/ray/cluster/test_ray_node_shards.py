@@ -75,6 +75,24 @@ def _payloads(n: int, gate: Path | None = None) -> list[dict[str, Any]]:
     return [{"question": f"What is {i} * 7?", "n": i, "gate": str(gate or "")} for i in range(n)]
 
 
+async def _reached_first_reply(gate: Path, n: int, what: str) -> None:
+    """Wait until ``n`` gated rollouts got their first reply (``what``: the failure's message)."""
+    deadline = time.monotonic() + 120
+    while len(list(gate.glob("*.first"))) < n:
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
+
+
+async def _close_and_check(shards: NodeShards) -> None:
+    """``shards.aclose()``, then every shard process must be gone within 15 s."""
+    pids = [s.pid for s in shards.node_shards]
+    await shards.aclose()
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "a shard process outlived aclose"
+
+
 def _plain(row: TraceRecord) -> TraceRecord:
     """``row`` without what names its run (session and rollout ids)."""
     return dataclasses.replace(row, session_id="", rollout_id=None, group_id=None, metadata={})
@@ -109,12 +127,7 @@ def test_each_nodes_agents_call_their_nodes_shard_and_the_rows_are_one_gateways(
                 shard_url = {s.node_id: s.base_url for s in shards.node_shards}
                 return outcomes, await _node_of_actor_pid(rt), dict(shards.sessions_per_node), shard_url, rt
             finally:
-                pids = [s.pid for s in shards.node_shards]
-                await shards.aclose()
-                deadline = time.monotonic() + 15
-                while any(alive(p) for p in pids) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                assert not [p for p in pids if alive(p)], "a shard process outlived aclose"
+                await _close_and_check(shards)
         finally:
             await rt.aclose()
 
@@ -180,10 +193,7 @@ def test_a_dead_node_shard_fails_only_its_nodes_rollouts(
                 tasks = [
                     asyncio.create_task(runner.run_one(p, group_id="g", sampling=SAMPLING)) for p in _payloads(8, gate)
                 ]
-                deadline = time.monotonic() + 120
-                while len(list(gate.glob("*.first"))) < 8:
-                    assert time.monotonic() < deadline, "the rollouts never reached their first reply"
-                    await asyncio.sleep(0.1)
+                await _reached_first_reply(gate, 8, "the rollouts never reached their first reply")
                 victim, survivor = shards.node_shards[1], shards.node_shards[0]
                 os.kill(victim.pid, signal.SIGKILL)
                 deadline = time.monotonic() + 30
@@ -250,10 +260,7 @@ def test_a_node_that_gets_agent_actors_later_gets_its_own_shard(
                 ]
                 # The first node's actor takes four (agents_per_actor); the second node's four
                 # more once its shard is up; all eight wait at the gate, the rest queue.
-                deadline = time.monotonic() + 120
-                while len(list(gate.glob("*.first"))) < 8:
-                    assert time.monotonic() < deadline, "the second node never took rollouts"
-                    await asyncio.sleep(0.1)
+                await _reached_first_reply(gate, 8, "the second node never took rollouts")
                 (gate / "go").write_text("")
                 outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 120)
                 assert [o.result.status for o in outcomes] == [RolloutStatus.OK] * 12, [
@@ -267,12 +274,7 @@ def test_a_node_that_gets_agent_actors_later_gets_its_own_shard(
                     assert len(o.rows) == 1 and len(o.rows[0].turns) == 2
                     assert {t.weight_version for t in o.rows[0].turns} == {3}, o.request.base_url
             finally:
-                pids = [s.pid for s in shards.node_shards]
-                await shards.aclose()
-                deadline = time.monotonic() + 15
-                while any(alive(p) for p in pids) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                assert not [p for p in pids if alive(p)], "a shard process outlived aclose"
+                await _close_and_check(shards)
         finally:
             await rt.aclose()
 
