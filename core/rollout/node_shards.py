@@ -189,9 +189,13 @@ class _Launch:
     """What starting this run's shard actors takes: the spec, the tokenizer, the runtime."""
 
     spec: dict[str, Any]
+    """``ShardSpec`` fields as the trainer wrote them (``ShardHost`` rewrites the node's paths)."""
     files: dict[str, bytes]
+    """The trainer's tokenizer files (``_tokenizer_files``), sent to each shard actor."""
     runtime: RayRuntime
+    """The ray runtime whose agent actors the shards serve (its run id names the actors)."""
     timeout_s: float
+    """How long a shard process may take to listen."""
 
     async def start(self, nodes: list[str], *, first_index: int) -> list[_NodeShard]:
         """A shard actor pinned to each of ``nodes``, started and listening.
