@@ -29,6 +29,7 @@ TAKE_TIMEOUT_S = 10.0
 class Shard(Protocol):
     """What a take needs of a shard (``core.rollout.shards.Shard`` has it)."""
 
+    index: int
     root_url: str
 
     @property
@@ -50,10 +51,11 @@ class RewardCollector:
         self.book = book
         self._http = http
         self._shards = shards
-        self._acked: dict[str, int] = {}
-        """Shard root URL -> ``through`` of the last answer received from it."""
-        self._failing: set[str] = set()
-        """Shards whose last take failed (warned once until one succeeds)."""
+        self._acked: dict[int, int] = {}
+        """Shard index -> ``through`` of the last answer received from it (by index, never by
+        URL: a later shard may listen where a dead one did, and must not get its acks)."""
+        self._failing: set[int] = set()
+        """Indexes of the shards whose last take failed (warned once until one succeeds)."""
 
     async def run(self) -> None:
         """Take from every live shard each ``POLL_S`` while a rollout waits, until the client closes."""
@@ -64,23 +66,24 @@ class RewardCollector:
 
     async def take(self, shard: Shard) -> None:
         """Acknowledge what ``shard`` last handed over, and deliver what it hands over now."""
-        url = shard.root_url
+        index = shard.index
         try:
             resp = await self._http.post(
-                url + "/admin/late_rewards/take", json={"ack": self._acked.get(url, 0)}, timeout=TAKE_TIMEOUT_S
+                shard.root_url + "/admin/late_rewards/take", json={"ack": self._acked.get(index, 0)},
+                timeout=TAKE_TIMEOUT_S,
             )
             resp.raise_for_status()
             answer = resp.json()
             rewards, through = dict(answer["rewards"]), int(answer["through"])
         except Exception as exc:  # its rewards stay on it; the other shards' are taken meanwhile
-            if self._http.is_closed or url in self._failing:
+            if self._http.is_closed or index in self._failing:
                 return
-            self._failing.add(url)
+            self._failing.add(index)
             print(f"warning: collecting late rewards from {shard.name()} failed: {exc!r}; they stay on the "
                   "shard until a take succeeds (this warning is not repeated until then)", file=sys.stderr)
             return
-        self._failing.discard(url)
-        self._acked[url] = through
+        self._failing.discard(index)
+        self._acked[index] = through
         for rollout_id, reward in rewards.items():
             try:
                 self.book.post(rollout_id, reward)

@@ -214,3 +214,58 @@ def test_the_stack_gives_shards_the_trainers_late_reward_book(
     assert server is None and shards is not None and started[0][1] == 2
     assert shards.late_rewards is gw.late_rewards
     assert collecting, "the shards collect the rewards posted to them while rollouts wait"
+
+
+def test_the_collector_acknowledges_per_shard_and_delivers_what_it_received() -> None:
+    """``RewardCollector.take``: each shard gets back the ``through`` of its own last answer,
+    never another's, even when a later shard listens at a dead one's address; a failed take
+    acknowledges nothing, so its rewards come again. The shards' HTTP side is a stand-in
+    recording the requests (the real route is tested above)."""
+    from core.gateway.late_rewards import LateRewards
+    from core.rollout.shard_rewards import RewardCollector
+
+    class Shard:
+        def __init__(self, index: int) -> None:
+            self.index, self.root_url, self.alive = index, "http://node:8000", True
+
+        def name(self) -> str:
+            return f"shard {self.index}"
+
+    class Http:
+        is_closed = False
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, int]] = []
+            self.answers: list[Any] = []
+
+        async def post(self, url: str, json: dict[str, Any], timeout: float) -> httpx.Response:
+            self.sent.append((url, json["ack"]))
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return httpx.Response(200, json=answer, request=httpx.Request("POST", url))
+
+    book = LateRewards()
+    for rid in ("a", "b"):
+        book.expect(rid)
+    http = Http()
+    collector = RewardCollector(http, [], book)
+    old, new = Shard(0), Shard(1)
+    http.answers = [
+        {"rewards": {"a": 1.0}, "through": 5},
+        {"rewards": {}, "through": 5},
+        httpx.ReadTimeout("lost"),
+        {"rewards": {"b": 0.5}, "through": 2},
+        {"rewards": {}, "through": 2},
+    ]
+
+    async def go() -> None:
+        await collector.take(old)
+        await collector.take(old)
+        await collector.take(new)  # same address as the dead one: its own count starts at 0
+        await collector.take(new)
+        await collector.take(new)
+
+    asyncio.run(go())
+    assert [ack for _, ack in http.sent] == [0, 5, 0, 0, 2]
+    assert book._posted == {"a": 1.0, "b": 0.5}
