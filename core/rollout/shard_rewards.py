@@ -5,7 +5,8 @@ called (``POST /admin/rollouts/{id}/reward``), while the rollout waits in the tr
 (``core.gateway.late_rewards.LateRewards``). ``RewardCollector`` brings the rewards over: every
 ``POLL_S`` while a rollout waits it takes what each live shard keeps, from all of them at once
 (``POST /admin/late_rewards/take``), and acknowledges what it received on its next take, so a
-take whose answer is lost loses nothing and a shard that does not answer delays only its own.
+take whose answer is lost loses nothing; a shard still answering an earlier take is skipped, so
+one that hangs delays only its own rewards.
 """
 
 from __future__ import annotations
@@ -58,20 +59,31 @@ class RewardCollector:
         """Indexes of the shards whose last take failed (warned once until one succeeds)."""
 
     async def run(self) -> None:
-        """Take from every live shard each ``POLL_S`` while a rollout waits, until the client closes."""
-        while not self._http.is_closed:
-            await asyncio.sleep(POLL_S)
-            if self.book.waiting:
-                await asyncio.gather(*(self.take(s) for s in list(self._shards) if s.alive))
+        """Each ``POLL_S`` while a rollout waits, take from every live shard that is not still
+        answering an earlier take (so a slow shard delays only its own rewards), until the
+        client closes."""
+        taking: dict[int, asyncio.Task[None]] = {}
+        try:
+            while not self._http.is_closed:
+                await asyncio.sleep(POLL_S)
+                taking = {i: t for i, t in taking.items() if not t.done()}
+                if not self.book.waiting:
+                    continue
+                for shard in list(self._shards):
+                    if shard.alive and shard.index not in taking:
+                        taking[shard.index] = asyncio.create_task(self.take(shard))
+        finally:
+            for task in taking.values():
+                task.cancel()
 
     async def take(self, shard: Shard) -> None:
         """Acknowledge what ``shard`` last handed over, and deliver what it hands over now."""
         index = shard.index
         try:
-            resp = await self._http.post(
-                shard.root_url + "/admin/late_rewards/take", json={"ack": self._acked.get(index, 0)},
-                timeout=TAKE_TIMEOUT_S,
-            )
+            async with asyncio.timeout(TAKE_TIMEOUT_S):  # in all (httpx's timeout is per phase)
+                resp = await self._http.post(
+                    shard.root_url + "/admin/late_rewards/take", json={"ack": self._acked.get(index, 0)}
+                )
             resp.raise_for_status()
             answer = resp.json()
             rewards, through = dict(answer["rewards"]), int(answer["through"])

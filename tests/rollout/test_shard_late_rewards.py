@@ -238,7 +238,7 @@ def test_the_collector_acknowledges_per_shard_and_delivers_what_it_received() ->
             self.sent: list[tuple[str, int]] = []
             self.answers: list[Any] = []
 
-        async def post(self, url: str, json: dict[str, Any], timeout: float) -> httpx.Response:
+        async def post(self, url: str, json: dict[str, Any]) -> httpx.Response:
             self.sent.append((url, json["ack"]))
             answer = self.answers.pop(0)
             if isinstance(answer, Exception):
@@ -269,3 +269,46 @@ def test_the_collector_acknowledges_per_shard_and_delivers_what_it_received() ->
     asyncio.run(go())
     assert [ack for _, ack in http.sent] == [0, 5, 0, 0, 2]
     assert book._posted == {"a": 1.0, "b": 0.5}
+
+
+def test_a_shard_that_hangs_delays_only_its_own_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RewardCollector.run``: while one shard never answers its take, the other shard's
+    rewards keep arriving each poll (a stand-in HTTP side; the real route is tested above)."""
+    from core.gateway.late_rewards import LateRewards
+    from core.rollout import shard_rewards
+
+    monkeypatch.setattr(shard_rewards, "POLL_S", 0.01)
+
+    class Shard:
+        def __init__(self, index: int) -> None:
+            self.index, self.root_url, self.alive = index, f"http://shard-{index}", True
+
+        def name(self) -> str:
+            return f"shard {self.index}"
+
+    class Http:
+        is_closed = False
+        calls = 0
+
+        async def post(self, url: str, json: dict[str, Any]) -> httpx.Response:
+            if url.startswith("http://shard-0"):
+                await asyncio.Event().wait()  # hangs
+            self.calls += 1
+            answer = {"rewards": {f"r{self.calls}": 1.0}, "through": self.calls}
+            return httpx.Response(200, json=answer, request=httpx.Request("POST", url))
+
+    book = LateRewards()
+    for i in range(1, 6):
+        book.expect(f"r{i}")
+
+    async def go() -> None:
+        book.waiting = 1
+        task = asyncio.create_task(shard_rewards.RewardCollector(Http(), [Shard(0), Shard(1)], book).run())
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(book._posted) < 5:
+            assert asyncio.get_running_loop().time() < deadline, book._posted
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(go())
+    assert sorted(book._posted) == [f"r{i}" for i in range(1, 6)]
