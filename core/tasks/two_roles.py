@@ -112,7 +112,7 @@ async def _ask(config: dict[str, Any], role: str, n: int) -> str:
 
 @app.entrypoint
 async def solve(payload: dict[str, Any]) -> dict[str, Any]:
-    """Ask both roles (one after the other, as a planner hands over to a worker) and score each."""
+    """Ask both roles, one after the other, each in its own single-turn conversation, and score each."""
     config, n = payload["_config"], int(payload["n"])
     role_rewards: dict[str, float] = {}
     for role in ROLES:
