@@ -1,22 +1,30 @@
-"""A two-role toy task for multi-agent training: both roles read "After 3?", ``up`` must
-answer the next digit ("4"), ``down`` the previous one ("2"), both mod 10.
+"""A two-role toy task for multi-agent training, a relay in one conversation: role ``up``
+answers "After n?" with the next digit, role ``down`` with the previous one (mod 10), and the
+roles take turns, each asked about the answer the other just gave.
 
-Each rollout makes two model calls through one gateway session, one per role, each its own
-conversation with the same system and user text; the agent names the role as the call's
-``model`` (``up`` or ``down``), which the gateway routes to that role's policy when the run
-configures them (``+policies.up={} +policies.down={}``, docs/multi_agent.md).
+A rollout is one conversation, ``turns`` turns long, with the whole history resent each turn
+(as agents do). Turn 1 asks the rollout's first role (``first`` in its payload, up or down at
+random) "After n?"; each later turn asks the other role about the answer just given (n again
+when that answer is not a digit). With both roles right, "After 3?" -> up "4", "After 4?" ->
+down "3", "After 3?" -> up "4", ... The agent names the role as each call's ``model``, which
+the gateway routes to that role's policy when the run configures them (``+policies.up={}
++policies.down={}``, docs/multi_agent.md): when the policy changes, the turn starts a row of
+its own, the earlier turns its context.
 
-Why it proves a policy per role: the two calls' prompts are token for token the same, so one
-shared policy answers both from one distribution, and any reply earns at most 1 across the
-two roles (a one-digit target matches a reply's first character or not; it cannot be both
-digits). The rollout's reward, the mean of the two, is therefore capped at 0.5 for one
-shared policy, whatever it learns; two policies can reach 1.0.
+Why it proves a policy per role: one shared policy is capped at a mean reward of 0.5, whatever
+it learns. It never sees the role, and which role speaks at which turn is a coin flip (the
+payload's ``first``) that nothing in the conversation reveals: under one policy a
+conversation reads the same way, in distribution, whichever role is about to answer. So each
+turn it answers both roles from one distribution, and a one-digit answer matches one role's
+target or the other's, never both. Two policies can reach 1.0.
 
-Reward: each role's ``succ_digit.charwise_reward`` against its target (the agent returns
-them as ``role_rewards``, giving each policy its own group baseline), and their mean as
-the rollout's ``reward``.
+Reward: a turn scores ``succ_digit.charwise_reward`` against its target while every turn
+before it was right, and 0 once one missed (the baton is dropped), so answers that ignore the
+question cannot score past the first turn by agreeing on constants. Each role's mean over its
+turns is returned as ``role_rewards`` (giving each policy its own group baseline), and the
+mean over all turns as the rollout's ``reward``.
 
-Shrunk for the tiny model, as ``lookup`` is: the task's tokenizer keeps every whole prompt
+Shrunk for the tiny model, as ``lookup`` is: the task's tokenizer keeps every whole question
 one token (``tokenizer_tokens``), digits are tokens of their own, and
 ``recipe/two_roles-local.yaml`` caps a reply at one token, so an answer is one digit.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +44,16 @@ from core.tasks.succ_digit import charwise_reward
 SYSTEM = "Say the digit."
 ROLES: dict[str, int] = {"up": 1, "down": -1}
 """Role name (the ``model`` its calls send, and its policy's name) -> the step its answer takes."""
+OTHER = {"up": "down", "down": "up"}
+"""Who answers after each role."""
 SHARED_CAP = 0.5
 """The best mean reward one shared policy can reach (module docstring)."""
+TURNS = 2
+"""Turns a rollout plays when its payload does not say (``task.generator_kwargs.turns``)."""
+
+Messages = list[dict[str, str]]
+Ask = Callable[[str, Messages], Awaitable[str]]
+"""``ask(role, messages) -> reply``: one model call of ``role`` on its whole conversation."""
 
 
 def question(n: int) -> str:
@@ -48,18 +65,58 @@ def target(role: str, n: int) -> str:
     return str((n + ROLES[role]) % 10)
 
 
-def _chat_text(n: int, answer: str) -> str:
+def next_question(reply: str, fallback: int) -> int:
+    """The digit a reply hands the other role: its first character if that is a digit, else
+    ``fallback`` (the rollout's n), the same rule whoever answered."""
+    head = reply.strip()[:1]
+    return int(head) if head.isdigit() else fallback
+
+
+async def play(ask: Ask, n: int, turns: int = TURNS, first: str = "up") -> dict[str, Any]:
+    """Play the relay from ``question(n)`` for ``turns`` turns, ``first`` answering first;
+    return the agent's result."""
+    if turns < 1:
+        raise ValueError(f"two_roles needs at least one turn, got turns={turns}")
+    if first not in ROLES:
+        raise ValueError(f"two_roles' first role is one of {sorted(ROLES)}, got {first!r}")
+    messages: Messages = [{"role": "system", "content": SYSTEM}]
+    scores: list[float] = []
+    by_role: dict[str, list[float]] = {role: [] for role in ROLES}
+    role, asked = first, n
+    for _ in range(turns):
+        messages.append({"role": "user", "content": question(asked)})
+        reply = await ask(role, messages)
+        messages.append({"role": "assistant", "content": reply})
+        # A relay: once a turn misses, the turns after it score nothing (the baton is dropped).
+        score = charwise_reward(reply, target(role, asked)) if all(x == 1.0 for x in scores) else 0.0
+        scores.append(score)
+        by_role[role].append(score)
+        role, asked = OTHER[role], next_question(reply, n)
+    role_rewards = {role: sum(s) / len(s) for role, s in by_role.items() if s}
+    return {
+        "reward": sum(scores) / len(scores),
+        "role_rewards": role_rewards,
+        "metrics": {f"{role}_right": sum(x == 1.0 for x in s) / len(s) for role, s in by_role.items() if s},
+    }
+
+
+def _chat_text(n: int, first: str, turns: int) -> str:
+    """The rendered relay with every answer right."""
     from core.tokenizer import IM_END, IM_START
 
-    return (
-        f"{IM_START}system\n{SYSTEM}{IM_END}\n{IM_START}user\n{question(n)}{IM_END}\n"
-        f"{IM_START}assistant\n{answer}{IM_END}\n"
-    )
+    text = f"{IM_START}system\n{SYSTEM}{IM_END}\n"
+    role, asked = first, n
+    for _ in range(turns):
+        answer = target(role, asked)
+        text += f"{IM_START}user\n{question(asked)}{IM_END}\n{IM_START}assistant\n{answer}{IM_END}\n"
+        role, asked = OTHER[role], int(answer)
+    return text
 
 
 def tokenizer_corpus() -> list[str]:
-    """The task's rendered chats (every digit, both roles' answers), for a tokenizer built from scratch."""
-    return [_chat_text(n, target(role, n)) for n in range(10) for role in ROLES] * 20
+    """The task's rendered relays (every digit, either role first, one to four turns), for a
+    tokenizer built from scratch."""
+    return [_chat_text(n, first, turns) for n in range(10) for first in ROLES for turns in range(1, 5)] * 5
 
 
 def tokenizer_tokens() -> list[str]:
@@ -68,18 +125,26 @@ def tokenizer_tokens() -> list[str]:
     return [question(n) for n in range(10)]
 
 
-def write_dataset(train_path: str, eval_path: str, *, rows: int = 1000, digits: int = 10, seed: int = 0) -> None:
-    """Write ``rows`` training payloads ``{"n": 0..digits-1}`` and one eval payload per digit."""
+def write_dataset(
+    train_path: str, eval_path: str, *, rows: int = 1000, digits: int = 10, turns: int = TURNS, seed: int = 0
+) -> None:
+    """Write ``rows`` training payloads ``{"n": 0..digits-1, "first": "up" or "down", "turns":
+    turns}``, both drawn at random, and an eval payload per digit and first role."""
     if not 1 <= digits <= 10:
         raise ValueError(f"task.generator_kwargs.digits must be 1..10, got {digits}")
+    if turns < 1:
+        raise ValueError(f"task.generator_kwargs.turns must be at least 1, got {turns}")
     rng = random.Random(seed)
+    roles = sorted(ROLES)
     Path(train_path).parent.mkdir(parents=True, exist_ok=True)
     with open(train_path, "w") as f:
         for _ in range(rows):
-            f.write(json.dumps({"payload": {"n": rng.randrange(digits)}}) + "\n")
+            payload = {"n": rng.randrange(digits), "first": rng.choice(roles), "turns": turns}
+            f.write(json.dumps({"payload": payload}) + "\n")
     with open(eval_path, "w") as f:
         for n in range(digits):
-            f.write(json.dumps({"payload": {"n": n}}) + "\n")
+            for first in roles:
+                f.write(json.dumps({"payload": {"n": n, "first": first, "turns": turns}}) + "\n")
 
 
 app = AgentApp()
@@ -93,12 +158,9 @@ def _http() -> FastClient:
     return _client
 
 
-async def _ask(config: dict[str, Any], role: str, n: int) -> str:
-    """One call of ``role``: its own conversation, the same text for every role."""
-    body: dict[str, Any] = {
-        "model": role,
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(n)}],
-    }
+async def _chat(config: dict[str, Any], role: str, messages: Messages) -> str:
+    """One call of ``role`` on its conversation so far, through the gateway."""
+    body: dict[str, Any] = {"model": role, "messages": messages}
     body.update(config.get("sampling_params") or {})
     response = await _http().post(
         f"{config['base_url'].rstrip('/')}/chat/completions",
@@ -110,16 +172,17 @@ async def _ask(config: dict[str, Any], role: str, n: int) -> str:
     return str(response.json()["choices"][0]["message"]["content"] or "")
 
 
+async def _ask(config: dict[str, Any], role: str, n: int) -> str:
+    """One single-turn call of ``role`` on ``question(n)`` (test agents built on the task's calls)."""
+    return await _chat(config, role, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question(n)}])
+
+
 @app.entrypoint
 async def solve(payload: dict[str, Any]) -> dict[str, Any]:
-    """Ask both roles, one after the other, each in its own single-turn conversation, and score each."""
-    config, n = payload["_config"], int(payload["n"])
-    role_rewards: dict[str, float] = {}
-    for role in ROLES:
-        reply = await _ask(config, role, n)
-        role_rewards[role] = charwise_reward(reply, target(role, n))
-    return {
-        "reward": sum(role_rewards.values()) / len(role_rewards),
-        "role_rewards": role_rewards,
-        "metrics": {f"{role}_right": float(r == 1.0) for role, r in role_rewards.items()},
-    }
+    """Play the relay through the gateway, each call naming its role as ``model``."""
+    config = payload["_config"]
+
+    async def ask(role: str, messages: Messages) -> str:
+        return await _chat(config, role, messages)
+
+    return await play(ask, int(payload["n"]), int(payload.get("turns", TURNS)), str(payload.get("first", "up")))

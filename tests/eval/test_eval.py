@@ -295,7 +295,7 @@ def test_eval_of_a_two_policy_checkpoint_loads_and_reports_each_policy(
         "task=two_roles", f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1", "trainer.batch_size=2",
         "trainer.group_size=4", "trainer.eval_every=0", "trainer.canary=false", "trainer.progress=false",
         "trainer.loggers=[jsonl]", "runtime.num_processes=1", "task.generator_kwargs.rows=20",
-        "task.generator_kwargs.digits=2",  # two eval rows
+        "task.generator_kwargs.digits=2",  # four eval rows: two digits, either role first
     ]
     run = tmp_path / "run"
     assert asyncio.run(Trainer(compose([*base, *two], plugins), plugins).run()) == 0
@@ -318,11 +318,11 @@ def test_eval_of_a_two_policy_checkpoint_loads_and_reports_each_policy(
     step = run / "checkpoints" / "step_000001" / "backend"
     assert sorted(loaded.values()) == [str(step / "down"), str(step / "up")]  # two backends, each its own
     rows = read_rows(out / "results.jsonl")
-    assert len(rows) == 6 and all(r.ok and r.policies == {"up": 1, "down": 1} for r in rows)
+    assert len(rows) == 12 and all(r.ok and r.policies == {"up": 1, "down": 1} for r in rows)
     assert all(set(r.role_rewards) == {"up", "down"} for r in rows)
     for name in ("up", "down"):
-        assert summary[f"policy/{name}/rollouts"] == summary[f"policy/{name}/turns"] == 6
-        mean = sum(r.role_rewards[name] for r in rows) / 6
+        assert summary[f"policy/{name}/rollouts"] == summary[f"policy/{name}/turns"] == 12
+        mean = sum(r.role_rewards[name] for r in rows) / 12
         assert summary[f"policy/{name}/reward"] == pytest.approx(mean) == summary[f"role/{name}/reward"]
     assert "policies up, down" in summary["model"]
 

@@ -1,13 +1,13 @@
 """A policy per role learns what one shared policy cannot, and training a policy on the
 other's rows breaks it (docs/multi_agent.md).
 
-The two-role task (core/tasks/two_roles.py): each rollout asks role ``up`` and role
-``down`` the same "After n?" in conversations of identical tokens; ``up`` must answer
-n+1, ``down`` n-1. One shared policy answers both from one distribution, so its mean
-reward is capped at ``SHARED_CAP`` (0.5) whatever it learns. Three shortened
-``python -m core.train task=two_roles`` runs (local backend, tiny model from the seed,
-the task's agent in local-runtime processes, real gateway routing each call by its
-``model``):
+The two-role task (core/tasks/two_roles.py) is a relay in one conversation: the roles take
+turns, each asked "After x?" about the answer the other just gave; ``up`` must answer x+1,
+``down`` x-1, and which role speaks first is a coin flip in each payload. One shared policy
+cannot tell the roles apart, so its mean reward is capped at ``SHARED_CAP`` (0.5) whatever it
+learns. Three shortened ``python -m core.train task=two_roles`` runs (local backend, tiny
+model from the seed, the task's agent in local-runtime processes, real gateway routing each
+call by its ``model`` and starting a row wherever the policy changes):
 
 - ``two``: ``+policies.up={} +policies.down={}``, a model per role, with the agent's
   ``role_rewards`` as per-role baselines: must pass ``MIN_TWO``, far above the cap;
@@ -42,18 +42,20 @@ pytestmark = [pytest.mark.long, pytest.mark.timeout(1800)]
 RUNNER = Path(__file__).with_name("learning_run.py")
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 0
-STEPS = 50
+STEPS = 100
 """Where the healthy two-policy run is past ``MIN_TWO`` (docs/performance.md, two-role task)."""
-RESUME_AT = 20
-"""Where the sabotaged run starts: the healthy run's mean reward is about 0.4 here."""
+RESUME_AT = 40
+"""Where the sabotaged run starts: the healthy run's mean reward is about 0.2 here, rising."""
 WINDOW = 10
-MIN_TWO = 0.65
-"""Healthy mean reward over the last ``WINDOW`` steps, well above the shared cap of 0.5 (runs
-measured with this recipe and nearby ones: 0.68-0.75 at step 50; a role's policy may still
-settle on one constant answer, which scores 0.5 for that role with 2 digits)."""
-SHARED_REACHED = 0.35
-"""The shared run's best step passes this: it learns up to its cap (measured: 0.5), so staying
-at the cap is the cap's doing, not a run that learned nothing."""
+MIN_TWO = 0.6
+"""Healthy mean reward over the last ``WINDOW`` steps, above the shared cap of 0.5 (measured
+with this recipe: seed 0 0.73 at step 100 and 0.72-0.77 to step 150, seed 1 0.58-0.67 from
+step 90; a role's policy may settle on one constant answer where the question varies,
+docs/multi_agent.md). Constant answers alone score at most 0.5 here: a relay turn scores only
+while every turn before it was right."""
+SHARED_REACHED = 0.25
+"""The shared run's best step passes this (measured: 0.48 by step 100, from 0.003), so staying
+under the cap is the cap's doing, not a run that learned nothing."""
 TASK = ["task=two_roles", "trainer.eval_every=0"]
 TWO = ["+policies.up={}", "+policies.down={}"]
 Records = list[dict[str, Any]]
@@ -112,6 +114,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Records]:
     for name, (records, wall) in results.items():
         end = int(records[-1]["step"])
         print(f"{name}: {len(records)} steps in {wall:.0f} s, last {WINDOW} steps {window_mean(records, end):.3f}")
+        # The learning curve: mean reward of each WINDOW steps (docs/multi_agent.md quotes it).
+        ends = [s for s in range(WINDOW, end + 1, WINDOW) if s - WINDOW + 1 >= int(records[0]["step"])]
+        print(f"  curve ({WINDOW}-step means to steps {ends}): {[round(window_mean(records, s), 3) for s in ends]}")
     return {name: records for name, (records, _) in results.items()}
 
 
