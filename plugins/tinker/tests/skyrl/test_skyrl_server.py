@@ -268,3 +268,65 @@ def test_core_train_runs_and_resumes(server: SkyrlServer, checkpoint: Checkpoint
     assert all(r["datums"] >= 1 and math.isfinite(r["train/loss"]) for r in steps)
     state = json.loads((run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
     assert str(state["backend_path"]).startswith("tinker://")
+
+
+def test_core_train_with_a_policy_per_role_runs_and_resumes(
+    server: SkyrlServer, checkpoint: Checkpoint, tmp_path: Path
+) -> None:
+    """``python -m core.train backend=tinker task=two_roles +policies.up={} +policies.down={}``
+    against the real server for two steps, then resumed for a third: each policy its own LoRA
+    adapter, sampling client, weight version and checkpoint on the server, each restored from
+    its own on resume.
+
+    The agent plays the two-role relay (one conversation, the roles taking turns, each call
+    naming its role as ``model``) and returns a random reward per role
+    (``tests/trainer/loop_agents.py``), so both policies train every step."""
+    run_dir = tmp_path / "run"
+    common = [
+        sys.executable, "-m", "core.train", "backend=tinker",
+        *overrides(server, checkpoint),
+        f"run_dir={run_dir}",
+        "task=two_roles", "+policies.up={}", "+policies.down={}",
+        "algorithm.max_tokens=4",
+        "trainer.batch_size=2",
+        "trainer.group_size=4",
+        "trainer.save_every=1",
+        "trainer.eval_every=0",
+        "trainer.canary=false",
+        "trainer.progress=false",
+        "trainer.loggers=[jsonl]",
+        "runtime.num_processes=1",
+        "task.generator_kwargs.rows=40",
+        "task.agent=loop_agents:two_roles_random",
+        f"+task.agent_env.PYTHONPATH={ROOT / 'tests' / 'trainer'}",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for steps, extra in ((2, []), (3, ["trainer.resume=true"])):
+        proc = subprocess.run(
+            [*common, f"trainer.max_steps={steps}", *extra],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )
+        assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n--- server ---\n{server.log_tail()}"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "reward/mean" in r]
+    for r in steps:
+        print(
+            f"step {r['step']}: up v{r['policy/up/weight_version']} loss {r['policy/up/loss']:.4f} "
+            f"turns {r['policy/up/turns']}; down v{r['policy/down/weight_version']} "
+            f"loss {r['policy/down/loss']:.4f} turns {r['policy/down/turns']}; step {r['time/step']:.1f}s"
+        )
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:  # both policies trained and synced every step, the third after the resume
+        assert r["policy/up/weight_version"] == r["policy/down/weight_version"] == r["step"]
+        assert r["policy/up/turns"] == r["policy/down/turns"] == 8  # 8 rollouts, one turn of each
+        assert math.isfinite(r["policy/up/loss"]) and math.isfinite(r["policy/down/loss"])
+    paths = {}
+    for step in (1, 2):
+        state = json.loads((run_dir / "checkpoints" / f"step_00000{step}" / "trainer_state.json").read_text())
+        paths[step] = state["policies"]
+        assert sorted(state["policies"]) == ["down", "up"]
+        assert all(str(p).startswith("tinker://") for p in state["policies"].values())
+    # Four checkpoints on the server: one per policy and step, none shared.
+    assert len({p for by_policy in paths.values() for p in by_policy.values()}) == 4
+    resumed = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if "resumed from" in line]
+    assert resumed and "step_000002" in resumed[0], "the third step did not resume from step 2's checkpoint"
