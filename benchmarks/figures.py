@@ -292,6 +292,21 @@ def gateway_ramp(out: Path) -> dict[str, Any]:
     return _gateway(["--workload", "ramp", "--quick", "--ramp-delay", "0.02:0.5"], out, "gateway_ramp")
 
 
+def gateway_peer(out: Path) -> dict[str, Any]:
+    """benchmarks/gateway_peer.py: gateway CPU per turn beside agentcore-rl-toolkit 0.2.0's gateway
+    (linear and tree history) on Qwen3's tokenizer, and tracerl before issue #32's work, 3 runs."""
+    code, wall, data = _benchmark_json(["benchmarks/gateway_peer.py", *PEER_ARGS], out, "gateway_peer")
+    keys = ["workload", "context_mean", "context_last"]
+    keys += [f"{gw}-{mode}_cpu_ms" for gw in ("peer", "tracerl", "before") for mode in ("linear", "tree")]
+    keys += [f"{gw}_over_tracerl_{mode}" for gw in ("peer", "before") for mode in ("linear", "tree")]
+    rows = [{k: (round(row[k], 3) if isinstance(row[k], float) else row[k]) for k in keys if k in row}
+            for row in data.get("summary", [])]
+    return {"exit_code": code, "wall_s": round(wall, 1), "rows": rows or data}
+
+
+PEER_ARGS = ["--before", "a21f9ea^"]
+
+
 def gateway_shards(out: Path) -> dict[str, Any]:
     """benchmarks/gateway_shards.py: 256 sessions of ~1k tokens against one gateway process and
     against two shards (``gateway.shards``): turns/s, latency p50/p99, gateway CPU per turn."""
@@ -418,6 +433,10 @@ FIGURES = [
     Figure(
         "gateway_ramp", "python benchmarks/gateway.py --workload ramp --quick --ramp-delay 0.02:0.5",
         ["docs/gateway.md"], "2-4 min", gateway_ramp,
+    ),
+    Figure(
+        "gateway_peer", "python benchmarks/gateway_peer.py " + " ".join(PEER_ARGS),
+        ["docs/gateway.md"], "3-4 min", gateway_peer,
     ),
     Figure("gateway_shards", "python benchmarks/gateway_shards.py", ["docs/scale.md"], "3 min", gateway_shards),
     Figure(

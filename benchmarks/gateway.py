@@ -172,7 +172,9 @@ def _exact(tok: Any, n_tokens: int, seed: int) -> str:
 class Gw:
     """The gateway, in its own process."""
 
-    def __init__(self, reply: str = REPLY, tokenizer: str = "tiny", delay: str = "0", code: str = "") -> None:
+    def __init__(
+        self, reply: str = REPLY, tokenizer: str = "tiny", delay: str = "0", code: str = "", history_mode: str = "linear"
+    ) -> None:
         """``code``: a checkout whose ``core`` the gateway runs (``--compare-with``); '' this one's."""
         env = None
         if code:
@@ -183,7 +185,7 @@ class Gw:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "core.gateway", "--reply", reply, "--max-context-tokens", "0",
              "--sessions", "0", "--max-tokens", "64", "--tokenizer", tokenizer, "--sampler-delay", delay,
-             "--max-connections", "4096", "--max-pending-headers-per-client", "0"],
+             "--max-connections", "4096", "--max-pending-headers-per-client", "0", "--history-mode", history_mode],
             stdout=subprocess.PIPE, text=True, env=env, cwd=code or None,
         )
         assert self.proc.stdout is not None

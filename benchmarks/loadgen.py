@@ -49,6 +49,10 @@ class LoadClient:
         data = body if body is not None else json.dumps({} if json_body is None else json_body).encode()
         return await self._request("POST", url, data, headers)
 
+    async def get(self, url: str, *, headers: dict[str, str] | None = None) -> Any:
+        """GET ``url`` and return the parsed JSON answer."""
+        return await self._request("GET", url, None, headers)
+
     async def delete(self, url: str, *, headers: dict[str, str] | None = None) -> Any:
         """DELETE ``url`` and return the parsed JSON answer."""
         return await self._request("DELETE", url, None, headers)
