@@ -44,15 +44,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SEED = 0
 STEPS = 100
 """Where the healthy two-policy run is past ``MIN_TWO`` (docs/performance.md, two-role task)."""
-RESUME_AT = 40
-"""Where the sabotaged run starts: the healthy run's mean reward is about 0.2 here, rising."""
+RESUME_AT = 20
+"""Where the sabotaged run starts: the healthy run has just begun to learn (0.02 a step here)."""
 WINDOW = 10
-MIN_TWO = 0.6
+MIN_TWO = 0.55
 """Healthy mean reward over the last ``WINDOW`` steps, above the shared cap of 0.5 (measured
 with this recipe: seed 0 0.73 at step 100 and 0.72-0.77 to step 150, seed 1 0.58-0.67 from
 step 90; a role's policy may settle on one constant answer where the question varies,
 docs/multi_agent.md). Constant answers alone score at most 0.5 here: a relay turn scores only
-while every turn before it was right."""
+while every turn before it was right. Set below the measured figure so that a run on another
+CPU, whose floating point may take the run elsewhere, still passes where it learned."""
+MIN_OVER_SHARED = 0.15
+"""And at least this much above the shared run's last ``WINDOW`` steps (measured: 0.73 against 0.31)."""
 SHARED_REACHED = 0.25
 """The shared run's best step passes this (measured: 0.48 by step 100, from 0.003), so staying
 under the cap is the cap's doing, not a run that learned nothing."""
@@ -129,6 +132,7 @@ def test_a_policy_per_role_passes_what_one_shared_policy_is_capped_at(runs: dict
     best = max(r["reward/mean"] for r in shared)
     print(f"two policies: {final:.3f} (up {up:.3f}, down {down:.3f}); shared: {capped:.3f}, best step {best:.3f}")
     assert final >= MIN_TWO  # both roles right more often than any one policy can manage
+    assert final >= capped + MIN_OVER_SHARED
     assert two[-1]["policy/up/weight_version"] == two[-1]["policy/down/weight_version"] == STEPS
     # One shared policy learns up to the cap and no further.
     assert [r["step"] for r in shared] == list(range(1, STEPS + 1))
@@ -138,8 +142,9 @@ def test_a_policy_per_role_passes_what_one_shared_policy_is_capped_at(runs: dict
 
 def test_training_each_policy_on_the_other_policys_rows_fails(runs: dict[str, Records]) -> None:
     """Each policy's loss then scores tokens the other policy sampled: its ratios are far from 1
-    and mostly clipped, so the run stops improving where it resumed (measured: 0.46 against the
-    healthy 0.73, the trainer/sampler logprob gap 8-11 nats against under 1e-5)."""
+    and mostly clipped, so the run never learns from where it resumed (measured: 0.03 at every
+    10 steps to step 100, against the healthy 0.73; the trainer/sampler logprob gap at least 1.6
+    nats a step against under 1e-5)."""
     swapped = runs["swapped"]
     assert [r["step"] for r in swapped] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
     final, healthy = window_mean(swapped, STEPS), window_mean(runs["two"], STEPS)
