@@ -305,6 +305,7 @@ def gateway_peer(out: Path) -> dict[str, Any]:
 
 
 PEER_ARGS = ["--before", "a21f9ea^"]
+"""``benchmarks/gateway_peer.py``'s ``BEFORE_32``: tracerl before issue #32's gateway work."""
 
 
 def gateway_shards(out: Path) -> dict[str, Any]:
@@ -436,7 +437,7 @@ FIGURES = [
     ),
     Figure(
         "gateway_peer", "python benchmarks/gateway_peer.py " + " ".join(PEER_ARGS),
-        ["docs/gateway.md"], "3-4 min", gateway_peer,
+        ["docs/gateway.md"], "2 min", gateway_peer,
     ),
     Figure("gateway_shards", "python benchmarks/gateway_shards.py", ["docs/scale.md"], "3 min", gateway_shards),
     Figure(
@@ -486,6 +487,12 @@ def machine() -> dict[str, Any]:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
     ).stdout.strip()
+    changed = subprocess.run(  # a measurement of uncommitted code names the commit it started from
+        ["git", "status", "--porcelain", "--", "core", "plugins", "benchmarks/*.py"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    ).stdout.strip()
+    if commit and changed:
+        commit += "+changes"
     return {
         "cpu": cpu,
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

@@ -4,10 +4,12 @@
     python benchmarks/gateway_peer.py --quick          # a smoke run: few turns, one run
     python benchmarks/gateway_peer.py --runs 5 --json /tmp/peer.json
 
-Four gateway processes serve at once: ``python -m core.gateway`` (scripted sampler,
-through ``benchmarks/gateway.py``'s ``Gw``) and ``benchmarks/peer_gateway.py``
-(``RolloutGateway`` 0.2.0, a zero-latency backend answering the same reply tokens), each
-in ``--history-mode linear`` and ``tree``. Both render Qwen3's tokenizer with the ChatML
+Four gateway processes serve at once (six with ``--before``): ``python -m core.gateway``
+(scripted sampler, through ``benchmarks/gateway.py``'s ``Gw``) and
+``benchmarks/peer_gateway.py`` (``RolloutGateway`` 0.2.0, a zero-latency backend answering
+the same reply tokens), each in ``--history-mode linear`` and ``tree``; ``--before
+DIR_OR_COMMIT`` adds tracerl's gateway from another checkout or commit (``BEFORE_32``: before
+issue #32's work), in both modes. Both render Qwen3's tokenizer with the ChatML
 template (``benchmarks/gateway.py``'s ``tokenizer_source("qwen3")``). This process drives
 them over HTTP with ``benchmarks/loadgen.py``'s aiohttp client, one connection pool per
 gateway.
@@ -68,7 +70,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.gateway import (  # noqa: E402
     AgentTexts,
     Gw,
-    _finish_linear,
     _new_sessions,
     load_tokenizer,
     tokenizer_source,
@@ -81,18 +82,18 @@ MODES = ("linear", "tree")
 BEFORE_32 = "a21f9ea^"
 """The commit before issue #32's gateway work (the issue's table was measured there)."""
 GATEWAYS = ("tracerl", "peer", "before")
-"""tracerl at this checkout, the peer, and (``--before DIR``) tracerl at another checkout."""
-
-
-def sides(before: bool) -> tuple[tuple[str, str], ...]:
-    """(gateway, history mode) of each gateway process: four, or six with ``--before``."""
-    return tuple((gw, mode) for gw in GATEWAYS[: 3 if before else 2] for mode in MODES)
+"""tracerl at this checkout, the peer, and (``--before DIR_OR_COMMIT``) tracerl at another."""
 ISSUE = {  # the issue's table: (peer linear, peer tree, tracerl linear, tracerl tree) CPU ms/turn
     "1x20": (3.64, 6.10, 1.66, 1.14),
     "64x1k": (2.52, 4.77, 0.91, 0.89),
     "256x1k": (2.02, 2.99, 1.01, 0.93),
     "1x32k": (8.02, 39.28, 5.37, 5.41),
 }
+
+
+def sides(before: bool) -> tuple[tuple[str, str], ...]:
+    """(gateway, history mode) of each gateway process: four, or six with ``--before``."""
+    return tuple((gw, mode) for gw in GATEWAYS[: 3 if before else 2] for mode in MODES)
 
 
 @dataclass(frozen=True)
@@ -191,14 +192,15 @@ class TracerlGw(Gw):
     async def open_sessions(self, client: LoadClient, n: int) -> list[str]:
         return await _new_sessions(self, client, n)
 
-    async def finish(self, client: LoadClient, sids: list[str], turns: int) -> list[list[dict[str, int]]]:
-        """Each session's trace rows as (tokens, trained tokens); then ``_finish_linear``
-        (one row of ``turns`` turns, or it raises) finishes and drops them."""
+    async def finish(self, client: LoadClient, sids: list[str]) -> list[list[dict[str, int]]]:
+        """Finish and drop each session; its trace rows as (tokens, trained tokens), which
+        ``scenario`` checks."""
         out = []
         for sid in sids:
             trace = await client.get(f"{self.root}/admin/sessions/{sid}/trace", headers=self.admin)
             out.append([{"tokens": len(r["token_ids"]), "trained_tokens": sum(r["loss_mask"])} for r in trace["rows"]])
-        await _finish_linear(client, self, sids, turns)
+            await client.post(f"{self.root}/admin/sessions/{sid}/finish", headers=self.admin)
+            await client.delete(f"{self.root}/admin/sessions/{sid}", headers=self.admin)
         return out
 
 
@@ -246,7 +248,9 @@ class PeerGw(Gw):
             await client.post(f"{self.root}/bench/sessions/{sid}")
         return sids
 
-    async def finish(self, client: LoadClient, sids: list[str], turns: int) -> list[list[dict[str, int]]]:
+    async def finish(self, client: LoadClient, sids: list[str]) -> list[list[dict[str, int]]]:
+        """Finish and drop each session (the peer's ``finish_session`` and ``drop_session``);
+        its trace rows as (tokens, trained tokens), which ``scenario`` checks."""
         out = []
         for sid in sids:
             rows = (await client.post(f"{self.root}/bench/sessions/{sid}/finish"))["rows"]
@@ -269,7 +273,8 @@ async def scenario(gw: Any, client: LoadClient, texts: AgentTexts, wl: Workload,
 
     async def turn(k: int, i: int, measured: bool) -> None:
         msgs = histories[k]
-        assert len(msgs) == base[k] + 2 * i, "the client must resend the whole history"
+        if len(msgs) != base[k] + 2 * i:
+            raise RuntimeError(f"session {k} turn {i}: {len(msgs)} messages; the client must resend the whole history")
         body = json.dumps({"model": "m", "messages": msgs}).encode()
         digests[k].update(body)
         t0 = time.perf_counter()
@@ -298,11 +303,7 @@ async def scenario(gw: Any, client: LoadClient, texts: AgentTexts, wl: Workload,
     wall = time.perf_counter() - t0
     cpu, cpu_source = meter.stop()
     rss = gw.rss_mb()
-    try:
-        rows = await gw.finish(client, sids, wl.turns + 1)
-    except AssertionError as exc:  # _finish_linear's check
-        rows = []
-        errors.append(f"finish: {exc}")
+    rows = await gw.finish(client, sids)
     for k, session_rows in enumerate(rows):
         want = {"tokens": prompt_tokens[k][-1] + reply_tokens, "trained_tokens": (wl.turns + 1) * reply_tokens}
         if session_rows != [want]:
@@ -371,6 +372,7 @@ def summarize(results: list[dict[str, Any]], workloads: list[Workload]) -> list[
             row[f"{name}_cpu_ms_range"] = [min(cpus), max(cpus)]
             row[f"{name}_p50_ms"] = statistics.median(r["p50_ms"] for r in rs)
             row[f"{name}_ok"] = not any(r["errors"] for r in rs)
+            # The same on every side (cross_check compares the prompt token counts): the last side's.
             row["context_mean"] = round(statistics.median(r["context_mean"] for r in rs))
             row["context_last"] = max(r["context_last"] for r in rs)
         for mode in MODES:
@@ -458,8 +460,8 @@ async def bench(args: argparse.Namespace, tokenizer_dir: str) -> tuple[list[dict
                         cell[side_name(side)] = res
                     cross_check(tok, cell)
                     print(f"run {run} {wl.key}: {time.perf_counter() - t_cell:.1f} s", flush=True)
-                    for name in order:
-                        res = cell[side_name(name)]
+                    for side in order:
+                        res = cell[side_name(side)]
                         results.append(res)
                         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
                                           if k != "bodies_sha256"}), flush=True)
@@ -486,7 +488,8 @@ def checkout(where: str) -> Iterator[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="interleaved runs; the table gives medians")
+    ap.add_argument("--runs", type=int, default=None, help="interleaved runs; the table gives medians (default 3, "
+                                                            "1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: few turns (one run unless --runs is given)")
     ap.add_argument("--workload", default="", help="only these workloads, comma-separated: 1x20,64x1k,256x1k,1x32k")
     ap.add_argument("--peer-loop", choices=["asyncio", "uvloop"], default="asyncio",
@@ -496,8 +499,8 @@ def main() -> int:
                          f"temporary git worktree); {BEFORE_32} is the commit before issue #32's changes")
     ap.add_argument("--json", default="", help="also write the results to this file")
     args = ap.parse_args()
-    if args.quick and "--runs" not in sys.argv:
-        args.runs = 1
+    if args.runs is None:
+        args.runs = 1 if args.quick else 3
     workdir = tempfile.TemporaryDirectory(prefix="tracerl-bench-tokenizer-")
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:

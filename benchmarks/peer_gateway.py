@@ -1,7 +1,7 @@
 """Serve agentcore-rl-toolkit's ``RolloutGateway`` (the peer) on its own, for ``benchmarks/gateway_peer.py``.
 
     python benchmarks/peer_gateway.py --reply "Hello" --history-mode linear   # Qwen3's tokenizer, ChatML template
-    python benchmarks/peer_gateway.py --tokenizer DIR --history-mode tree --port-file /tmp/port
+    python benchmarks/peer_gateway.py --tokenizer DIR --history-mode tree
 
 Prints one JSON line (``root_url``, ``base_url``, ``port``, ``pid``) once it serves, and
 serves until killed. Agents reach it as the peer's trainers do: OpenAI
@@ -33,7 +33,7 @@ installed.
 Routes added for the benchmark (on the same app and loop, outside any measured turn):
 ``POST /bench/sessions/{sid}`` (``create_session``) and
 ``POST /bench/sessions/{sid}/finish`` (``finish_session`` then ``drop_session``; answers
-one summary per trace row: token count, trained tokens, the healer's counters).
+one summary per trace row: its token count and trained tokens).
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def stages_reasoning_parser(eos_text: str) -> Any:
     return parse
 
 
-def build_gateway(tokenizer_dir: str, reply: str, history_mode: str, parse: str) -> tuple[RolloutGateway, Any]:
-    """The peer's gateway on ``tokenizer_dir``'s tokenizer and chat template, and the tokenizer."""
+def build_gateway(tokenizer_dir: str, reply: str, history_mode: str, parse: str) -> RolloutGateway:
+    """The peer's gateway on ``tokenizer_dir``'s tokenizer and chat template."""
     tok = load_tokenizer(tokenizer_dir)
     if parse == "stages":
         renderer = HfTemplateRenderer(tok, reasoning_parser=stages_reasoning_parser(str(tok.eos_token or "")))
@@ -121,7 +121,7 @@ def build_gateway(tokenizer_dir: str, reply: str, history_mode: str, parse: str)
     gateway = RolloutGateway(backend=backend, renderer=renderer, tokenizer=tok, adapters=["openai"],
                              history_mode=history_mode)
     add_bench_routes(gateway)
-    return gateway, tok
+    return gateway
 
 
 def add_bench_routes(gateway: RolloutGateway) -> None:
@@ -135,12 +135,7 @@ def add_bench_routes(gateway: RolloutGateway) -> None:
         sid = request.match_info["sid"]
         records = await gateway.finish_session(sid)
         await gateway.drop_session(sid)
-        rows = [{
-            "tokens": len(r.token_ids),
-            "response_length": r.response_length,
-            "trained_tokens": sum(r.loss_mask),
-            "metadata": {k: v for k, v in r.metadata.items() if isinstance(v, (int, float, str, bool, dict))},
-        } for r in records]
+        rows = [{"tokens": len(r.token_ids), "trained_tokens": sum(r.loss_mask)} for r in records]
         return web.json_response({"rows": rows})
 
     gateway.app.router.add_post("/bench/sessions/{sid}", create)
@@ -159,7 +154,6 @@ def main() -> int:
                     help="the server thread's event loop (the peer ships asyncio's)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--port-file", default="", help="also write the port to this file once serving")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="peer_gateway %(levelname)s %(name)s: %(message)s")
     workdir = None
@@ -171,11 +165,9 @@ def main() -> int:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # ThreadedGatewayServer calls new_event_loop()
-    gateway, _ = build_gateway(source, args.reply, args.history_mode, args.parse)
+    gateway = build_gateway(source, args.reply, args.history_mode, args.parse)
     server = ThreadedGatewayServer(gateway, host=args.host, port=args.port)
     server.start()
-    if args.port_file:
-        Path(args.port_file).write_text(str(server.port), encoding="utf-8")
     print(json.dumps({"root_url": f"http://{args.host}:{server.port}", "base_url": server.base_url,
                       "port": server.port, "pid": os.getpid(), "history_mode": args.history_mode,
                       "parse": args.parse, "loop": args.loop}), flush=True)

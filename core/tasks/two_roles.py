@@ -12,11 +12,13 @@ the gateway routes to that role's policy when the run configures them (``+polici
 its own, the earlier turns its context.
 
 Why it proves a policy per role: one shared policy is capped at a mean reward of 0.5, whatever
-it learns. It never sees the role, and which role speaks at which turn is a coin flip (the
-payload's ``first``) that nothing in the conversation reveals: under one policy a
-conversation reads the same way, in distribution, whichever role is about to answer. So each
-turn it answers both roles from one distribution, and a one-digit answer matches one role's
-target or the other's, never both. Two policies can reach 1.0.
+it learns. It never sees the role, and which role speaks first is a coin flip (the payload's
+``first``, as often up as down for each n) drawn apart from everything the policy sees, so
+under one policy a conversation's history is as likely whichever role is about to answer.
+Each turn's expected score is then at most 0.5: a one-digit answer matches one role's target
+or the other's, never both. (A history does show which way the last role stepped if its answer
+was right, but the policy cannot know it was right: the history is as likely either way.)
+Two policies can reach 1.0.
 
 Reward: a turn scores ``succ_digit.charwise_reward`` against its target while every turn
 before it was right, and 0 once one missed (the baton is dropped), so answers that ignore the
@@ -129,18 +131,26 @@ def write_dataset(
     train_path: str, eval_path: str, *, rows: int = 1000, digits: int = 10, turns: int = TURNS, seed: int = 0
 ) -> None:
     """Write ``rows`` training payloads ``{"n": 0..digits-1, "first": "up" or "down", "turns":
-    turns}``, both drawn at random, and an eval payload per digit and first role."""
+    turns}`` (n drawn at random, each n's rows as often up-first as down-first) and an eval
+    payload per digit and first role."""
     if not 1 <= digits <= 10:
         raise ValueError(f"task.generator_kwargs.digits must be 1..10, got {digits}")
     if turns < 1:
         raise ValueError(f"task.generator_kwargs.turns must be at least 1, got {turns}")
     rng = random.Random(seed)
     roles = sorted(ROLES)
+    # Each digit's rows alternate their first role, from a random start: the cap needs the first
+    # role independent of n (a policy may read n), so the file holds each n as often up-first
+    # as down-first, to one row.
+    starts = [rng.randrange(2) for _ in range(digits)]
+    seen = [0] * digits
     Path(train_path).parent.mkdir(parents=True, exist_ok=True)
     with open(train_path, "w") as f:
         for _ in range(rows):
-            payload = {"n": rng.randrange(digits), "first": rng.choice(roles), "turns": turns}
-            f.write(json.dumps({"payload": payload}) + "\n")
+            n = rng.randrange(digits)
+            first = roles[(starts[n] + seen[n]) % 2]
+            seen[n] += 1
+            f.write(json.dumps({"payload": {"n": n, "first": first, "turns": turns}}) + "\n")
     with open(eval_path, "w") as f:
         for n in range(digits):
             for first in roles:
@@ -185,4 +195,15 @@ async def solve(payload: dict[str, Any]) -> dict[str, Any]:
     async def ask(role: str, messages: Messages) -> str:
         return await _chat(config, role, messages)
 
-    return await play(ask, int(payload["n"]), int(payload.get("turns", TURNS)), str(payload.get("first", "up")))
+    return await play(ask, int(payload["n"]), int(payload.get("turns", TURNS)), first_role(payload))
+
+
+def first_role(payload: dict[str, Any]) -> str:
+    """The payload's first role. Required: with every rollout up-first, a shared policy could
+    tell the roles apart by position and the cap would not hold."""
+    if "first" not in payload:
+        raise ValueError(
+            f"a two_roles payload needs 'first' (up or down), got {sorted(payload)}: data written before the "
+            "relay has none; delete the run directory's data/ (or task.train_path) to write it anew"
+        )
+    return str(payload["first"])

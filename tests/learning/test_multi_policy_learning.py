@@ -47,21 +47,31 @@ STEPS = 100
 RESUME_AT = 20
 """Where the sabotaged run starts: the healthy run has just begun to learn (0.02 a step here)."""
 WINDOW = 10
+LATE = 51
+"""The measured stretch: steps ``LATE``..``STEPS``, fifty steps of 8 prompts. A 10-step window
+holds 80 prompts, whose up-first share varies by about 0.05, so a single window can pass the
+cap by chance; fifty steps' mean is steadier (about 0.02)."""
 MIN_TWO = 0.55
-"""Healthy mean reward over the last ``WINDOW`` steps, above the shared cap of 0.5 (measured
-with this recipe: seed 0 0.73 at step 100 and 0.72-0.77 to step 150, seed 1 0.58-0.67 from
-step 90; a role's policy may settle on one constant answer where the question varies,
-docs/multi_agent.md). Constant answers alone score at most 0.5 here: a relay turn scores only
-while every turn before it was right. Set below the measured figure so that a run on another
-CPU, whose floating point may take the run elsewhere, still passes where it learned."""
+"""The healthy run's mean reward over the measured stretch, above the shared cap of 0.5
+(measured with this recipe: 0.59 with seed 0, 0.64 with seed 1; a role's policy may settle on
+one constant answer where the question varies, docs/multi_agent.md). Constant answers alone
+score at most 0.5 here: a relay turn scores only while every turn before it was right."""
 MIN_OVER_SHARED = 0.15
-"""And at least this much above the shared run's last ``WINDOW`` steps (measured: 0.73 against 0.31)."""
+"""And at least this much above the shared run's mean over the same steps (measured: 0.59
+against 0.30 with seed 0, 0.64 against 0.31 with seed 1)."""
 SHARED_REACHED = 0.25
-"""The shared run's best step passes this (measured: 0.48 by step 100, from 0.003), so staying
-under the cap is the cap's doing, not a run that learned nothing."""
+"""The shared run's best step passes this (measured: 0.73 and 0.59 by step 100, from 0.005),
+so staying under the cap is the cap's doing, not a run that learned nothing."""
 TASK = ["task=two_roles", "trainer.eval_every=0"]
 TWO = ["+policies.up={}", "+policies.down={}"]
 Records = list[dict[str, Any]]
+
+
+def late_mean(records: Records, key: str = "reward/mean") -> float:
+    """The mean of ``key`` over steps ``LATE``..``STEPS``."""
+    values = [r[key] for r in records if LATE <= int(r["step"]) <= STEPS]
+    assert len(values) == STEPS - LATE + 1
+    return sum(values) / len(values)
 
 
 def window_mean(records: Records, end: int, key: str = "reward/mean") -> float:
@@ -127,28 +137,30 @@ def test_a_policy_per_role_passes_what_one_shared_policy_is_capped_at(runs: dict
     two, shared = runs["two"], runs["shared"]
     assert [r["step"] for r in two] == list(range(1, STEPS + 1))
     assert window_mean(two, WINDOW) < 0.15  # from random weights
-    final, capped = window_mean(two, STEPS), window_mean(shared, STEPS)
-    up, down = window_mean(two, STEPS, "policy/up/reward"), window_mean(two, STEPS, "policy/down/reward")
+    reached, capped = late_mean(two), late_mean(shared)
+    up, down = late_mean(two, "policy/up/reward"), late_mean(two, "policy/down/reward")
     best = max(r["reward/mean"] for r in shared)
-    print(f"two policies: {final:.3f} (up {up:.3f}, down {down:.3f}); shared: {capped:.3f}, best step {best:.3f}")
-    assert final >= MIN_TWO  # both roles right more often than any one policy can manage
-    assert final >= capped + MIN_OVER_SHARED
+    print(f"steps {LATE}-{STEPS}: two policies {reached:.3f} (up {up:.3f}, down {down:.3f}); shared {capped:.3f}, "
+          f"its best step {best:.3f}")
+    assert reached >= MIN_TWO  # both roles right more often than any one policy can manage
+    assert reached >= capped + MIN_OVER_SHARED
     assert two[-1]["policy/up/weight_version"] == two[-1]["policy/down/weight_version"] == STEPS
-    # One shared policy learns up to the cap and no further.
+    # One shared policy learns, up to the cap and no further.
     assert [r["step"] for r in shared] == list(range(1, STEPS + 1))
-    assert SHARED_REACHED <= best <= SHARED_CAP + 0.05 and capped <= SHARED_CAP
+    assert best >= SHARED_REACHED and capped <= SHARED_CAP
     assert not any(k.startswith("policy/") for k in shared[-1])
 
 
 def test_training_each_policy_on_the_other_policys_rows_fails(runs: dict[str, Records]) -> None:
     """Each policy's loss then scores tokens the other policy sampled: its ratios are far from 1
-    and mostly clipped, so the run never learns from where it resumed (measured: 0.03 at every
-    10 steps to step 100, against the healthy 0.73; the trainer/sampler logprob gap at least 1.6
-    nats a step against under 1e-5)."""
+    and mostly clipped, so the run never learns from where it resumed (measured, seed 0: 0.04-0.09
+    every 10 steps to step 100, against the healthy run's 0.45-0.71; the trainer/sampler logprob
+    gap at least 1.8 nats a step against under 1e-5)."""
     swapped = runs["swapped"]
     assert [r["step"] for r in swapped] == list(range(RESUME_AT + 1, STEPS + 1))  # resumed
-    final, healthy = window_mean(swapped, STEPS), window_mean(runs["two"], STEPS)
+    final, healthy = late_mean(swapped), late_mean(runs["two"])
     gap = min(r["train/logprob_diff_max"] for r in swapped)
-    print(f"swapped-policies: {final:.3f} at step {STEPS} (healthy {healthy:.3f}); smallest logprob gap {gap:.3g}")
+    print(f"swapped-policies: {final:.3f} over steps {LATE}-{STEPS} (healthy {healthy:.3f}); smallest logprob gap "
+          f"{gap:.3g}")
     assert final < SHARED_CAP and final < healthy - 0.2  # no better than one shared policy
     assert gap > 1.0 and max(r["train/logprob_diff_max"] for r in runs["two"]) < 1e-3

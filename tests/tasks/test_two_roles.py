@@ -27,6 +27,8 @@ from core.tasks.two_roles import (
 
 Policy = Callable[[Messages], dict[str, float]]
 """A shared policy: the conversation so far -> its reply distribution (it never sees the role)."""
+REPLIES = 3
+"""The most replies a policy below gives any conversation (the enumeration checks the mass)."""
 
 
 def test_the_roles_answer_the_same_question_differently() -> None:
@@ -65,6 +67,16 @@ def test_the_roles_take_turns_each_asked_about_the_answer_just_given() -> None:
     assert result["metrics"] == {"up_right": 0.5, "down_right": 0.5}
 
 
+def test_a_payload_without_its_first_role_is_refused() -> None:
+    """Data written before the relay has no ``first``: taking up-first for all would let one
+    shared policy tell the roles apart by position."""
+    from core.tasks.two_roles import first_role
+
+    assert first_role({"n": 3, "first": "down"}) == "down"
+    with pytest.raises(ValueError, match="needs 'first'.*delete the run directory's data"):
+        first_role({"n": 3, "turns": 2})
+
+
 def test_a_rollout_may_start_with_either_role() -> None:
     seen: list[str] = []
 
@@ -101,8 +113,8 @@ def expected_reward(policy: Policy, n: int, turns: int) -> float:
 
 
 def _expected(policy: Policy, n: int, turns: int, first: str) -> float:
-    total = 0.0
-    for path in itertools.product(range(3), repeat=turns):  # one call a turn, up to 3 replies each
+    total = mass = 0.0
+    for path in itertools.product(range(REPLIES), repeat=turns):  # one call a turn
         picks, weight = iter(path), [1.0]
 
         async def ask(role: str, messages: Messages, picks: Iterator[int] = picks, weight: list[float] = weight) -> str:
@@ -116,6 +128,8 @@ def _expected(policy: Policy, n: int, turns: int, first: str) -> float:
 
         result = asyncio.run(play(ask, n, turns, first))
         total += weight[0] * result["reward"]
+        mass += weight[0]
+    assert mass == pytest.approx(1.0), f"the paths hold {mass} of the probability"
     return total
 
 
@@ -124,11 +138,24 @@ def _digit(messages: Messages) -> int:
 
 
 def _hashed(messages: Messages) -> dict[str, float]:
-    """Any two or three replies with any weights, as a fixed function of the conversation."""
+    """Up's answer, down's and a third digit, weighted by a hash of the whole conversation: an
+    arbitrary policy that reads the history and scores on both roles."""
+    x = _digit(messages)
     h = hashlib.sha256(json.dumps(messages).encode()).digest()
-    replies = sorted({str(h[0] % 10), str(h[1] % 10), str(h[2] % 10)})
-    weights = [1 + b for b in h[3 : 3 + len(replies)]]
+    replies = sorted({str((x + 1) % 10), str((x - 1) % 10), str(h[0] % 10)})
+    weights = [1 + b for b in h[1 : 1 + len(replies)]]
     return {r: w / sum(weights) for r, w in zip(replies, weights, strict=True)}
+
+
+def _reverses(messages: Messages) -> dict[str, float]:
+    """Bets on up at turn 1; then answers the opposite of the step the last answer took, which
+    is this role's step whenever the last answer was right (the history gives the role away)."""
+    x = _digit(messages)
+    if len(messages) < 4:
+        return {str((x + 1) % 10): 1.0}
+    last = messages[-2]["content"]
+    step = (int(last) - int(messages[-3]["content"][6])) % 10 if last.isdigit() else 1
+    return {str((x - step) % 10): 1.0}
 
 
 POLICIES: dict[str, Policy] = {
@@ -143,14 +170,16 @@ POLICIES: dict[str, Policy] = {
         else {str((_digit(m) + int(m[-2]["content"]) - int(m[-3]["content"][6])) % 10): 1.0}
     ),
     "hashed": _hashed,
+    "reverses the last step": _reverses,
 }
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize("turns", [1, 2, 3])
 def test_one_shared_policy_is_capped_whatever_it_does(name: str, turns: int) -> None:
-    """Exactly, not by sampling: the roles' conversations are alike in distribution under one
-    policy, so no strategy (even one reading the other role's answers) beats the cap."""
+    """The exact expected reward (every path of replies, not a sample) of shared strategies that
+    bet on the position, copy or reverse the last step, or weigh replies by the whole history:
+    none passes the cap, as the module docstring argues for any."""
     for n in (0, 3):
         assert expected_reward(POLICIES[name], n, turns) <= SHARED_CAP + 1e-9
 
@@ -159,6 +188,9 @@ def test_the_exact_expectation_reaches_the_cap() -> None:
     """The enumeration is not vacuous: a policy that always plays one role scores the cap."""
     assert expected_reward(POLICIES["always up"], 3, 1) == pytest.approx(SHARED_CAP)
     assert expected_reward(POLICIES["half and half"], 3, 1) == pytest.approx(SHARED_CAP)
+    # Reading the role off a right answer's step scores every later turn, yet only half the time.
+    assert expected_reward(POLICIES["reverses the last step"], 3, 3) == pytest.approx(SHARED_CAP)
+    assert 0.0 < expected_reward(POLICIES["hashed"], 3, 2) < SHARED_CAP
     # The coin is what holds the cap: were up always first, betting on position would win.
     assert _expected(POLICIES["by position"], 3, 2, "up") == 1.0
     assert expected_reward(POLICIES["by position"], 3, 2) == pytest.approx(SHARED_CAP)
@@ -168,7 +200,9 @@ def test_the_data_draws_questions_from_the_first_digits(tmp_path: Path) -> None:
     write_dataset(str(tmp_path / "train.jsonl"), str(tmp_path / "eval.jsonl"), rows=50, digits=2, turns=3)
     rows = [json.loads(line)["payload"] for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert len(rows) == 50 and {r["n"] for r in rows} == {0, 1} and {r["turns"] for r in rows} == {3}
-    assert {r["first"] for r in rows} == {"up", "down"}
+    for n in (0, 1):  # each digit as often up-first as down-first, to one row
+        firsts = [r["first"] for r in rows if r["n"] == n]
+        assert abs(firsts.count("up") - firsts.count("down")) <= 1, firsts
     evals = [json.loads(line)["payload"] for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert evals == [{"n": n, "first": first, "turns": 3} for n in (0, 1) for first in ("down", "up")]
     with pytest.raises(ValueError, match="digits must be 1..10"):

@@ -176,15 +176,13 @@ async def two_roles_random_rewards(payload: dict[str, Any]) -> dict[str, Any]:
     """The two-role relay's calls (one conversation, each turn naming its role as ``model``),
     with a random reward per role: a random model scores 0 on the task itself, and a random
     reward gives every group a signal, so every step trains and syncs each policy."""
-    from core.tasks.two_roles import play
+    from core.tasks.two_roles import TURNS, _chat, first_role, play
 
     config = payload["_config"]
 
     async def ask(role: str, messages: list[dict[str, str]]) -> str:
-        from core.tasks.two_roles import _chat
-
         return await _chat(config, role, messages)
 
-    result = await play(ask, int(payload["n"]), int(payload.get("turns", 2)), str(payload.get("first", "up")))
+    result = await play(ask, int(payload["n"]), int(payload.get("turns", TURNS)), first_role(payload))
     roles = {role: random.random() for role in result["role_rewards"]}
     return {"reward": sum(roles.values()) / len(roles), "role_rewards": roles}

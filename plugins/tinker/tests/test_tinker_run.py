@@ -162,12 +162,14 @@ def test_tis_cap_is_refused_before_anything_is_sent(tmp_path: Path, service: Fak
 
 LOOP_AGENTS = Path(__file__).parents[3] / "tests" / "trainer"
 """tests/trainer/loop_agents.py's folder, put on the agents' PYTHONPATH."""
-TWO_ROLES = [
-    "task=two_roles", "+policies.up={}", "+policies.down={}", "trainer.canary=false", "trainer.eval_every=0",
+RANDOM_ROLES = [
+    "task=two_roles", "trainer.canary=false", "trainer.eval_every=0",
     "task.agent=loop_agents:two_roles_random", f"+task.agent_env.PYTHONPATH={LOOP_AGENTS}",
 ]
+"""The two-role relay with a random reward per role, so that every policy trains every step."""
+TWO_ROLES = [*RANDOM_ROLES, "+policies.up={}", "+policies.down={}"]
 """The two-role relay (each rollout a turn of ``up`` and one of ``down``, in one conversation)
-with a policy per role, and a random reward per role so that both policies train every step."""
+with a policy per role."""
 
 
 def _turns(run_dir: Path) -> dict[str, dict[str, int]]:
@@ -311,7 +313,7 @@ def test_each_policy_trains_with_its_own_rank_learning_rate_loss_and_max_tokens(
     monkeypatch.setattr(FakeSamplingClient, "sample", spy_sample)
     run_dir = tmp_path / "run"
     cfg, plugins = _cfg(
-        run_dir, *TWO_ROLES[3:], "task=two_roles", "trainer.max_steps=1", "backend.lora_rank=32", "algorithm.learning_rate=0.001", "algorithm.loss=ppo", "algorithm.max_tokens=8",
+        run_dir, *RANDOM_ROLES, "trainer.max_steps=1", "backend.lora_rank=32", "algorithm.learning_rate=0.001", "algorithm.loss=ppo", "algorithm.max_tokens=8",
         "+policies.up={backend:{lora_rank:8},learning_rate:0.002,max_tokens:3}",
         "+policies.down={loss:cispo}",
     )
