@@ -225,14 +225,11 @@ def test_save_state_then_resume_from_it(make_backend: Any) -> None:
     assert max(abs(a - b) for a, b in zip(again, saved, strict=True)) <= 1e-5
 
 
-def test_core_train_runs_and_resumes(server: SkyrlServer, checkpoint: Checkpoint, tmp_path: Path) -> None:
-    """``python -m core.train backend=tinker backend.base_url=...`` for two steps, then resumed for a third.
-
-    The agent calls the model like the default task's and returns a random reward
-    (``tests/trainer/loop_agents.py``), so every group has a signal and every step
-    trains and syncs: a tiny random model scores 0 on the task itself, and a step
-    without signal sends nothing to train."""
-    run_dir = tmp_path / "run"
+def train_then_resume(
+    server: SkyrlServer, checkpoint: Checkpoint, run_dir: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m core.train backend=tinker`` on the server for two steps (8 rollouts each, a
+    checkpoint every step), then resumed for a third; the resumed run's process."""
     common = [
         sys.executable, "-m", "core.train", "backend=tinker",
         *overrides(server, checkpoint),
@@ -245,16 +242,28 @@ def test_core_train_runs_and_resumes(server: SkyrlServer, checkpoint: Checkpoint
         "trainer.loggers=[jsonl]",
         "runtime.num_processes=1",
         "task.generator_kwargs.rows=40",
-        "task.agent=loop_agents:long_tail",
         f"+task.agent_env.PYTHONPATH={ROOT / 'tests' / 'trainer'}",
+        *extra,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    for steps, extra in ((2, []), (3, ["trainer.resume=true"])):
+    for steps, more in ((2, []), (3, ["trainer.resume=true"])):
         proc = subprocess.run(
-            [*common, f"trainer.max_steps={steps}", *extra],
+            [*common, f"trainer.max_steps={steps}", *more],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
         )
         assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n--- server ---\n{server.log_tail()}"
+    return proc
+
+
+def test_core_train_runs_and_resumes(server: SkyrlServer, checkpoint: Checkpoint, tmp_path: Path) -> None:
+    """``python -m core.train backend=tinker backend.base_url=...`` for two steps, then resumed for a third.
+
+    The agent calls the model like the default task's and returns a random reward
+    (``tests/trainer/loop_agents.py``), so every group has a signal and every step
+    trains and syncs: a tiny random model scores 0 on the task itself, and a step
+    without signal sends nothing to train."""
+    run_dir = tmp_path / "run"
+    train_then_resume(server, checkpoint, run_dir, "task.agent=loop_agents:long_tail")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if "reward/mean" in r]
     for r in steps:
@@ -282,31 +291,10 @@ def test_core_train_with_a_policy_per_role_runs_and_resumes(
     naming its role as ``model``) and returns a random reward per role
     (``tests/trainer/loop_agents.py``), so both policies train every step."""
     run_dir = tmp_path / "run"
-    common = [
-        sys.executable, "-m", "core.train", "backend=tinker",
-        *overrides(server, checkpoint),
-        f"run_dir={run_dir}",
-        "task=two_roles", "+policies.up={}", "+policies.down={}",
-        "algorithm.max_tokens=4",
-        "trainer.batch_size=2",
-        "trainer.group_size=4",
-        "trainer.save_every=1",
-        "trainer.eval_every=0",
-        "trainer.canary=false",
-        "trainer.progress=false",
-        "trainer.loggers=[jsonl]",
-        "runtime.num_processes=1",
-        "task.generator_kwargs.rows=40",
-        "task.agent=loop_agents:two_roles_random",
-        f"+task.agent_env.PYTHONPATH={ROOT / 'tests' / 'trainer'}",
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    for steps, extra in ((2, []), (3, ["trainer.resume=true"])):
-        proc = subprocess.run(
-            [*common, f"trainer.max_steps={steps}", *extra],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-        )
-        assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n--- server ---\n{server.log_tail()}"
+    proc = train_then_resume(
+        server, checkpoint, run_dir, "task=two_roles", "+policies.up={}", "+policies.down={}", "algorithm.max_tokens=4",
+        "trainer.canary=false", "task.agent=loop_agents:two_roles_random",
+    )
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in records if "reward/mean" in r]
     for r in steps:
