@@ -10,7 +10,8 @@ model from the seed, the task's agent in local-runtime processes, real gateway r
 call by its ``model`` and starting a row wherever the policy changes):
 
 - ``two``: ``+policies.up={} +policies.down={}``, a model per role, with the agent's
-  ``role_rewards`` as per-role baselines: must pass ``MIN_TWO``, far above the cap;
+  ``role_rewards`` as per-role baselines: must pass ``MIN_TWO``, above the cap, and the
+  shared run by ``MIN_OVER_SHARED``;
 - ``shared``: no ``policies``, one model for both roles: must stay at or below the cap
   (``role_rewards`` are ignored with one policy);
 - ``swapped-policies``: two policies, but each trains on the rows the other sampled

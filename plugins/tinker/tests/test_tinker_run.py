@@ -313,7 +313,8 @@ def test_each_policy_trains_with_its_own_rank_learning_rate_loss_and_max_tokens(
     monkeypatch.setattr(FakeSamplingClient, "sample", spy_sample)
     run_dir = tmp_path / "run"
     cfg, plugins = _cfg(
-        run_dir, *RANDOM_ROLES, "trainer.max_steps=1", "backend.lora_rank=32", "algorithm.learning_rate=0.001", "algorithm.loss=ppo", "algorithm.max_tokens=8",
+        run_dir, *RANDOM_ROLES, "trainer.max_steps=1", "backend.lora_rank=32", "algorithm.learning_rate=0.001",
+        "algorithm.loss=ppo", "algorithm.max_tokens=8",
         "+policies.up={backend:{lora_rank:8},learning_rate:0.002,max_tokens:3}",
         "+policies.down={loss:cispo}",
     )
