@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -173,9 +174,8 @@ def main() -> int:
                       "parse": args.parse, "loop": args.loop}), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # terminate(): clean up as Ctrl-C does
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop as SIGTERM does
+            threading.Event().wait()
     finally:
         server.shutdown()
         if workdir is not None:

@@ -3,9 +3,9 @@ answers "After n?" with the next digit, role ``down`` with the previous one (mod
 roles take turns, each asked about the answer the other just gave.
 
 A rollout is one conversation, ``turns`` turns long, with the whole history resent each turn
-(as agents do). Turn 1 asks the rollout's first role (``first`` in its payload, up or down at
-random) "After n?"; each later turn asks the other role about the answer just given (n again
-when that answer is not a digit). With both roles right, "After 3?" -> up "4", "After 4?" ->
+(as agents do). Turn 1 asks the rollout's first role (``first`` in its payload: up or down,
+each as often for every n) "After n?"; each later turn asks the other role about the answer
+just given (n again when that answer is not a digit). With both roles right, "After 3?" -> up "4", "After 4?" ->
 down "3", "After 3?" -> up "4", ... The agent names the role as each call's ``model``, which
 the gateway routes to that role's policy when the run configures them (``+policies.up={}
 +policies.down={}``, docs/multi_agent.md): when the policy changes, the turn starts a row of

@@ -255,6 +255,12 @@ def train_then_resume(
     return proc
 
 
+def step_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's per-step metrics records (``metrics.jsonl`` lines with a mean reward)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in (json.loads(line) for line in lines if line.strip()) if "reward/mean" in r]
+
+
 def test_core_train_runs_and_resumes(server: SkyrlServer, checkpoint: Checkpoint, tmp_path: Path) -> None:
     """``python -m core.train backend=tinker backend.base_url=...`` for two steps, then resumed for a third.
 
@@ -264,8 +270,7 @@ def test_core_train_runs_and_resumes(server: SkyrlServer, checkpoint: Checkpoint
     without signal sends nothing to train."""
     run_dir = tmp_path / "run"
     train_then_resume(server, checkpoint, run_dir, "task.agent=loop_agents:long_tail")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in records if "reward/mean" in r]
+    steps = step_records(run_dir)
     for r in steps:
         print(
             f"step {r['step']}: reward {r['reward/mean']:.3f} loss {r['train/loss']} weight_version "
@@ -295,8 +300,7 @@ def test_core_train_with_a_policy_per_role_runs_and_resumes(
         server, checkpoint, run_dir, "task=two_roles", "+policies.up={}", "+policies.down={}", "algorithm.max_tokens=4",
         "trainer.canary=false", "task.agent=loop_agents:two_roles_random",
     )
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in records if "reward/mean" in r]
+    steps = step_records(run_dir)
     for r in steps:
         print(
             f"step {r['step']}: up v{r['policy/up/weight_version']} loss {r['policy/up/loss']:.4f} "
